@@ -1,0 +1,388 @@
+"""Task registry: a Task = source + per-record preprocessors + vocabulary + metrics.
+
+A preprocessor maps one example to an example, a list of them, or None (dropped), and
+declares the keyword arguments it needs among ``seed``, ``vocabulary`` and
+``sequence_length`` (as seqio does). Step ``i`` applied to the ``j``-th example of a record
+gets the seed ``(*record_seed, i, j)``, so every random choice is reproducible.
+Vocabularies are objects or zero-argument callables resolved on first use: importing this
+module trains nothing. ``bible_web_*`` tasks pretrain on the bundled World English Bible.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from t2t.data import preprocessors as prep
+from t2t.data.converters import FeatureConverter
+from t2t.data.pipeline import BatchIterator, make_mixture_pipeline, make_pipeline
+from t2t.data.preprocessors import SkipExample
+from t2t.data.sources import BundledSource, RandomAccessSource
+
+_PASSED = ("seed", "vocabulary", "sequence_length")
+
+
+def _wants(fn: Callable) -> tuple[str, ...]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(name for name in _PASSED if name in params)
+
+
+class Task:
+    """A named pretraining or fine-tuning task."""
+
+    def __init__(self, name: str, source_fn: Callable[[], RandomAccessSource],
+                 preprocessors: Sequence[Callable], vocabulary: Any = None,
+                 metric_fns: Sequence[Callable] = (), description: str = ""):
+        self.name, self.source_fn = name, source_fn
+        self.preprocessors = tuple(preprocessors)
+        self.metric_fns = tuple(metric_fns)
+        self.description = description
+        self._vocabulary = vocabulary
+        self._source: RandomAccessSource | None = None
+        self._wants = [_wants(fn) for fn in self.preprocessors]
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r})"
+
+    @property
+    def vocabulary(self) -> Any:
+        """The vocabulary, built on first access when given as a callable."""
+        if callable(self._vocabulary) and not hasattr(self._vocabulary, "encode"):
+            self._vocabulary = self._vocabulary()
+        return self._vocabulary
+
+    @property
+    def source(self) -> RandomAccessSource:
+        if self._source is None:
+            self._source = self.source_fn()
+        return self._source
+
+    def preprocess(self, record: Any, seed: Sequence[int],
+                   sequence_length: dict[str, int] | None = None) -> list[dict]:
+        """All preprocessors applied to one record: the list of examples it yields."""
+        examples = [record]
+        for step, (fn, wants) in enumerate(zip(self.preprocessors, self._wants)):
+            out: list = []
+            for j, example in enumerate(examples):
+                kwargs = {}
+                if "seed" in wants:
+                    kwargs["seed"] = (*seed, step, j)
+                if "vocabulary" in wants:
+                    kwargs["vocabulary"] = self.vocabulary
+                if "sequence_length" in wants:
+                    kwargs["sequence_length"] = sequence_length
+                result = fn(example, **kwargs)
+                if result is None:
+                    continue
+                out.extend([result] if isinstance(result, dict) else result)
+            examples = out
+        return examples
+
+    def get_pipeline(self, converter: FeatureConverter, batch_size: int, seed: int,
+                     **kwargs) -> BatchIterator:
+        """``make_pipeline`` over this task; ``kwargs`` as there (shuffle, num_epochs, ...)."""
+        self.vocabulary  # resolve once here, not in every worker
+        return make_pipeline(self.source, _TaskFn(self, converter.lengths), converter,
+                             batch_size, seed, **kwargs)
+
+
+class _TaskFn:
+    """Picklable ``(record, seed) -> examples`` for the pipeline."""
+
+    def __init__(self, task: Task, sequence_length: dict[str, int]):
+        self.task, self.sequence_length = task, sequence_length
+
+    def __call__(self, record: Any, seed: tuple[int, ...]) -> list[dict]:
+        return self.task.preprocess(record, seed, self.sequence_length)
+
+
+class Mixture:
+    """Tasks interleaved deterministically in proportion to their rates."""
+
+    def __init__(self, name: str, tasks: Sequence[tuple[Task | str, float]]):
+        if not tasks or any(rate <= 0 for _, rate in tasks):
+            raise ValueError("a mixture needs tasks with positive rates")
+        self.name, self._tasks = name, list(tasks)
+
+    def __repr__(self) -> str:
+        return f"Mixture({self.name!r}, {[(t.name, r) for t, r in self.tasks]})"
+
+    @property
+    def tasks(self) -> list[tuple[Task, float]]:
+        return [(get_task(t) if isinstance(t, str) else t, float(r)) for t, r in self._tasks]
+
+    def get_pipeline(self, converter: FeatureConverter, batch_size: int, seed: int,
+                     **kwargs) -> BatchIterator:
+        components = []
+        for task, rate in self.tasks:
+            task.vocabulary
+            components.append((task.source, _TaskFn(task, converter.lengths), rate))
+        return make_mixture_pipeline(components, converter, batch_size, seed, **kwargs)
+
+
+_REGISTRY: dict[str, Task | Mixture] = {}
+
+
+class TaskNotFoundError(KeyError):
+    """An unknown task name; the message lists close matches and every registered name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def register_task(task: Task | Mixture, overwrite: bool = False) -> Task | Mixture:
+    """Adds a task (or mixture) under its name; a taken name is an error unless ``overwrite``."""
+    if task.name in _REGISTRY and not overwrite:
+        raise ValueError(f"task {task.name!r} is already registered")
+    _REGISTRY[task.name] = task
+    return task
+
+
+def register_mixture(name: str, tasks: Sequence[tuple[Task | str, float]],
+                     overwrite: bool = False) -> Mixture:
+    return register_task(Mixture(name, tasks), overwrite)  # type: ignore[return-value]
+
+
+def remove_task(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def registered_tasks() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str) -> Task | Mixture:
+    """The registered task or mixture; an unknown name lists close matches and all names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise TaskNotFoundError(
+            f"unknown task {name!r}.{hint} Registered: {', '.join(sorted(_REGISTRY))}") from None
+
+
+# ----------------------------------------------------------------------------- preprocessors
+
+
+def tokenize(example: Any, *, vocabulary: Any, field: str = "text") -> dict:
+    """Text (a str/bytes record or ``example[field]``) -> ``{"tokens": int32[n]}``."""
+    text = example[field] if isinstance(example, dict) else example
+    tokens = np.asarray(vocabulary.encode(prep.decode_text(text)), np.int32)
+    if len(tokens) == 0:
+        raise SkipExample("empty")
+    return {"tokens": tokens}
+
+
+def split_for_span_corruption(example: dict, *, sequence_length: dict[str, int],
+                              noise_density: float = 0.15, mean_noise_span_length: float = 3.0
+                              ) -> list[dict]:
+    """Chunks of T5's raw length for ``sequence_length["inputs"]`` (568 for 512)."""
+    raw_length, _ = prep.span_corruption_lengths(sequence_length["inputs"], noise_density,
+                                                 mean_noise_span_length)
+    return [{"tokens": t} for t in prep.split_tokens(example["tokens"], raw_length)]
+
+
+def split_to_length(example: dict, *, sequence_length: dict[str, int], feature: str = "inputs",
+                    reserve: int = 1) -> list[dict]:
+    """Chunks of ``sequence_length[feature] - reserve`` tokens (room for EOS)."""
+    return [{"tokens": t}
+            for t in prep.split_tokens(example["tokens"], sequence_length[feature] - reserve)]
+
+
+def span_corruption(example: dict, *, seed, vocabulary: Any, noise_density: float = 0.15,
+                    mean_noise_span_length: float = 3.0) -> dict:
+    """T5 span corruption with ``<extra_id_0>`` (= vocab_size - 1) as the first sentinel."""
+    return prep.span_corruption(example["tokens"], seed=seed, sentinel_id=_sentinel(vocabulary),
+                                noise_density=noise_density,
+                                mean_noise_span_length=mean_noise_span_length,
+                                eos_id=vocabulary.eos_id)
+
+
+def denoise_objective(example: dict, *, seed, vocabulary: Any, objective: str) -> dict:
+    """Any T5-gin-named objective (``iid_15_m_f``, ``all_permute``...) on ``tokens``."""
+    fn = prep.objective(objective, sentinel_id=_sentinel(vocabulary),
+                        vocab_size=vocabulary.vocab_size, eos_id=vocabulary.eos_id,
+                        special_ids=(vocabulary.pad_id, vocabulary.eos_id, vocabulary.unk_id))
+    return fn(example["tokens"], seed)
+
+
+def lm_chunks(example: dict, *, vocabulary: Any, sequence_length: dict[str, int]) -> list[dict]:
+    """T5 ``full_lm``: document + EOS, split into ``targets``-length chunks."""
+    tokens = prep.append_eos(example["tokens"], vocabulary.eos_id)
+    return [{"targets": t} for t in prep.split_tokens(tokens, sequence_length["targets"])]
+
+
+def prefix_lm_chunks(example: dict, *, seed, vocabulary: Any, sequence_length: dict[str, int]
+                     ) -> list[dict]:
+    """T5 ``prefix_lm``: chunks that fill inputs+targets (with two EOS), split at random."""
+    length = sequence_length["inputs"] + sequence_length["targets"] - 2
+    chunks = prep.split_tokens(example["tokens"], length)
+    return [prep.prefix_lm_split(c, (*seed, k), eos_id=vocabulary.eos_id)
+            for k, c in enumerate(chunks) if len(c) >= 2]
+
+
+def _sentinel(vocabulary: Any) -> int:
+    if hasattr(vocabulary, "sentinel_id"):
+        return int(vocabulary.sentinel_id(0))
+    return int(vocabulary.vocab_size) - 1
+
+
+class BertPretraining:
+    """Documents of sentences -> BERT MLM+NSP examples (whole-word masking by default).
+
+    Records are ``{"verses": [str]}`` (a book); the random B segments come from the other
+    documents of ``source_fn()``, tokenised once per process.
+    """
+
+    def __init__(self, source_fn: Callable[[], RandomAccessSource], sentences_key: str = "verses",
+                 mask_rate: float = 0.15, whole_word: bool = True, span: bool = False,
+                 short_seq_prob: float = 0.1):
+        self.source_fn, self.sentences_key = source_fn, sentences_key
+        self.mask_rate, self.whole_word, self.span = mask_rate, whole_word, span
+        self.short_seq_prob = short_seq_prob
+        self._cache: tuple[int, list, list, dict] | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cache": None, "_lock": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    def _documents(self, vocabulary: Any) -> tuple[list, list, dict]:
+        with self._lock:  # reader threads share one tokenised corpus
+            return self._build_documents(vocabulary)
+
+    def _build_documents(self, vocabulary: Any) -> tuple[list, list, dict]:
+        if self._cache is None or self._cache[0] != id(vocabulary):
+            source = self.source_fn()
+            documents, starts, index = [], [], {}
+            for i in range(len(source)):
+                record = source[i]
+                doc, doc_starts = [], []
+                for sentence in record[self.sentences_key]:
+                    words = vocabulary.tokenize_words(sentence)
+                    doc.append([t for w in words for t in w])
+                    doc_starts.append([k == 0 for w in words for k in range(len(w))])
+                documents.append(doc)
+                starts.append(doc_starts)
+                index[record.get("id", i)] = i
+            self._cache = (id(vocabulary), documents, starts, index)
+        return self._cache[1], self._cache[2], self._cache[3]
+
+    def __call__(self, record: dict, *, seed, vocabulary: Any, sequence_length: dict[str, int]
+                 ) -> list[dict]:
+        documents, starts, index = self._documents(vocabulary)
+        rng = prep.make_rng(seed)
+        instances = prep.create_instances_from_document(
+            documents, index[record.get("id")], rng, sequence_length["inputs"], vocabulary.cls_id,
+            vocabulary.sep_id, self.short_seq_prob, word_starts=starts)
+        special = (vocabulary.cls_id, vocabulary.sep_id, vocabulary.pad_id, vocabulary.mask_id)
+        out = []
+        for instance in instances:
+            masked = prep.mlm_mask(instance["tokens"], rng, vocabulary.vocab_size,
+                                   vocabulary.mask_id, special, self.mask_rate,
+                                   sequence_length["max_predictions"], self.whole_word,
+                                   instance["word_starts"], self.span)
+            out.append({**masked, "token_type_ids": instance["token_type_ids"],
+                        "next_sentence_label": instance["next_sentence_label"]})
+        return out
+
+
+# ----------------------------------------------------------------------------- vocabularies
+
+
+def cache_dir() -> Path:
+    """``$T2T_CACHE_DIR`` or ``~/.cache/t2t``: where lazily built vocabularies are kept."""
+    return Path(os.environ.get("T2T_CACHE_DIR", Path.home() / ".cache" / "t2t"))
+
+
+def _web_texts() -> list[str]:
+    return [r["text"] for r in BundledSource("web")]
+
+
+@functools.cache
+def bible_sentencepiece(vocab_size: int = 8000, extra_ids: int = 100) -> Any:
+    """A unigram SentencePiece (T5 ids: pad 0, eos 1, unk 2) trained on WEB once, cached."""
+    from t2t.data.vocab import SentencePieceVocabulary
+
+    path = cache_dir() / f"bible_web_spm_{vocab_size}.model"
+    if not path.exists():
+        tmp = cache_dir() / f"bible_web_spm_{vocab_size}.tmp{os.getpid()}"
+        SentencePieceVocabulary.train(_web_texts(), tmp, vocab_size, extra_ids=extra_ids)
+        tmp.with_suffix(tmp.suffix + ".model").replace(path)
+        tmp.with_suffix(tmp.suffix + ".vocab").unlink(missing_ok=True)
+    return SentencePieceVocabulary(str(path), extra_ids=extra_ids)
+
+
+@functools.cache
+def bible_wordpiece(vocab_size: int = 8000) -> Any:
+    """An uncased WordPiece vocabulary trained on WEB with ``tokenizers`` once, cached."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from t2t.data.vocab import WordPieceVocabulary
+
+    path = cache_dir() / f"bible_web_wordpiece_{vocab_size}.txt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer = BertWordPieceTokenizer(lowercase=True)
+        tokenizer.train_from_iterator(_web_texts(), vocab_size=vocab_size, show_progress=False)
+        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
+        tmp.replace(path)
+    return WordPieceVocabulary(str(path), lowercase=True)
+
+
+# ----------------------------------------------------------------------------- bible tasks
+
+_CHAPTERS = functools.partial(BundledSource, "web", "chapter")
+_BOOKS = functools.partial(BundledSource, "web", "book")
+
+# T5 objective-table variants (gin names) registered as bible_web_<name>.
+OBJECTIVE_VARIANTS = ("iid_15_u_u", "iid_15_b_f", "iid_15_m_f", "iid_15_d_d", "all_permute",
+                      "span_2_15_u_u", "span_5_15_u_u", "span_10_15_u_u")
+
+
+def register_bible_tasks(sentencepiece: Any = bible_sentencepiece,
+                         wordpiece: Any = bible_wordpiece, overwrite: bool = False) -> list[str]:
+    """Registers the ``bible_web_*`` pretraining tasks (vocabularies passed in or lazy)."""
+    tasks = [
+        Task("bible_web_span_corruption", _CHAPTERS,
+             [tokenize, split_for_span_corruption, span_corruption], sentencepiece,
+             description="T5 span corruption (span_3_15_u_u) over WEB chapters"),
+        Task("bible_web_lm", _CHAPTERS, [tokenize, lm_chunks], sentencepiece,
+             description="causal LM over WEB chapters"),
+        Task("bible_web_prefix_lm", _CHAPTERS, [tokenize, prefix_lm_chunks], sentencepiece,
+             description="T5 prefix LM over WEB chapters"),
+        Task("bible_web_mlm_nsp", _BOOKS, [BertPretraining(_BOOKS)], wordpiece,
+             description="BERT MLM (whole word) + NSP; documents = books, sentences = verses"),
+        Task("bible_web_mlm", _BOOKS, [BertPretraining(_BOOKS)], wordpiece,
+             description="BERT MLM only (the 'No NSP' row): the same A/B pairs, no NSP loss "
+                         "(train with EncoderConverter(nsp=False))"),
+    ]
+    for name in OBJECTIVE_VARIANTS:
+        split: Callable = split_to_length
+        if name.startswith("span_"):
+            split = functools.partial(split_for_span_corruption,
+                                      mean_noise_span_length=float(name.split("_")[1]))
+        tasks.append(Task(f"bible_web_{name}", _CHAPTERS,
+                          [tokenize, split, functools.partial(denoise_objective, objective=name)],
+                          sentencepiece, description=f"T5 objective {name} over WEB chapters"))
+    for task in tasks:
+        register_task(task, overwrite=overwrite)
+    return [t.name for t in tasks]
+
+
+register_bible_tasks()

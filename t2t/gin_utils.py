@@ -1,0 +1,107 @@
+"""Parsing gin files and bindings with the repository's `configs/` on the search path."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import difflib
+import inspect
+import logging
+import pathlib
+import re
+from typing import List, Optional, Sequence
+
+import gin
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+def register_configurables() -> None:
+    """Import every module with gin configurables, so bindings to them parse."""
+    import t2t.models.base  # noqa: F401
+    import t2t.nn.config  # noqa: F401
+    import t2t.train.experiment  # noqa: F401
+    import t2t.train.optimizers  # noqa: F401
+    import t2t.train.partitioning  # noqa: F401
+    import t2t.train.trainer  # noqa: F401
+
+
+def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
+          clear: bool = True) -> None:
+    """Parse gin files (paths, or relative to `configs/`) and bindings.
+
+    A misspelt configurable or parameter fails here, before anything compiles, with
+    gin's file and line plus the nearest valid names.
+    """
+    register_configurables()
+    if clear:
+        gin.clear_config()
+    for path in (CONFIG_DIR, pathlib.Path.cwd()):
+        gin.add_config_file_search_path(str(path))
+    try:
+        with _quiet_search():
+            gin.parse_config_files_and_bindings([_resolve(f) for f in gin_files],
+                                                list(bindings), finalize_config=False)
+    except ValueError as e:
+        hint = _suggest(str(e))
+        if hint:
+            raise ValueError(f"{e}\n  {hint}") from None
+        raise
+
+
+def _suggest(message: str) -> Optional[str]:
+    """'Did you mean ...' for gin's unknown-configurable and unknown-parameter errors."""
+    m = re.search(r"No configurable matching '([^']+)'", message)
+    if m:
+        names = sorted({sel.split(".")[-1] for sel in gin.config._REGISTRY.matching_selectors("")})
+        close = difflib.get_close_matches(m.group(1).split(".")[-1], names, n=3)
+        return f"Did you mean: {', '.join(close)}?" if close else None
+    m = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    if m:
+        fn = gin.config._REGISTRY.get_match(m.group(1)).wrapped
+        params = list(inspect.signature(fn).parameters)
+        close = difflib.get_close_matches(m.group(2), params, n=3)
+        valid = f"Valid parameters: {', '.join(params)}."
+        return (f"Did you mean: {', '.join(close)}? " if close else "") + valid
+    return None
+
+
+def macro_binding(name: str, value: str) -> str:
+    """`--gin.NAME=value` -> a gin binding; bare words and paths become strings, so
+    `--gin.MODEL_DIR=/tmp/run` needs no shell-escaped quotes."""
+    value = value.strip()
+    if value[:1] in "@%" or value in ("True", "False", "None"):
+        return f"{name} = {value}"
+    try:
+        ast.literal_eval(value)
+        return f"{name} = {value}"
+    except (ValueError, SyntaxError):
+        return f"{name} = {value!r}"
+
+
+@contextlib.contextmanager
+def _quiet_search():
+    """gin logs an ERROR for every search path an include is *not* found in; a missing
+    include still raises, so those lines are noise."""
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _resolve(path: str) -> str:
+    p = pathlib.Path(path)
+    if p.exists():
+        return str(p)
+    for base in (CONFIG_DIR, CONFIG_DIR.parent):
+        if (base / path).exists():
+            return str(base / path)
+    raise FileNotFoundError(f"gin file {path!r} not found (looked in ., {CONFIG_DIR})")
+
+
+def query_macro(name: str, default: Optional[str] = None):
+    """The value of a gin macro such as MODEL_FAMILY, or `default` when unbound."""
+    try:
+        return gin.query_parameter(f"%{name}")
+    except ValueError:
+        return default

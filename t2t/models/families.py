@@ -1,0 +1,65 @@
+"""Which flax module serves each model family, with example inputs and parameter counts."""
+from __future__ import annotations
+
+from typing import Dict
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2t.models.base import LossConfig, Model
+from t2t.models.bert import BertModel, BertPretrainingModel
+from t2t.models.gpt import DecoderOnlyModel
+from t2t.models.t5 import EncoderDecoderModel
+from t2t.nn.config import TransformerConfig
+from t2t.nn.stacks import Decoder, EncoderDecoder
+
+FAMILIES = ("bert", "t5", "gpt")
+
+
+def make_module(family: str, config: TransformerConfig) -> nn.Module:
+    """bert -> BertModel (encoder + heads), t5 -> EncoderDecoder, gpt -> Decoder."""
+    if family == "bert":
+        return BertModel(config)
+    if family == "t5":
+        return EncoderDecoder(config)
+    if family == "gpt":
+        return Decoder(config)
+    raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
+
+
+def make_model(family: str, config: TransformerConfig,
+               loss: LossConfig | None = None) -> Model:
+    """The family's model wrapper (init / loss_fn / score) around its module."""
+    classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel}
+    if family not in classes:
+        raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
+    return classes[family](config) if loss is None else classes[family](config, loss)
+
+
+def example_inputs(family: str, batch: int = 2, length: int = 16,
+                   target_length: int = 8, max_predictions: int = 4) -> Dict[str, jax.Array]:
+    """Keyword inputs of the right shapes for `make_module(family, ...)`."""
+    tokens = lambda n: jnp.ones((batch, n), jnp.int32)  # noqa: E731
+    if family == "bert":
+        return {"encoder_input_tokens": tokens(length), "token_type_ids": tokens(length) * 0,
+                "masked_positions": jnp.zeros((batch, max_predictions), jnp.int32)}
+    if family == "t5":
+        return {"encoder_input_tokens": tokens(length), "decoder_input_tokens": tokens(target_length)}
+    if family == "gpt":
+        return {"decoder_input_tokens": tokens(length)}
+    raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
+
+
+def abstract_params(family: str, config: TransformerConfig):
+    """Parameter shapes (logical boxes removed) without allocating them."""
+    module = make_module(family, config)
+    inputs = example_inputs(family)
+    shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), **inputs))
+    return nn.unbox(shapes["params"])
+
+
+def count_params(family: str, config: TransformerConfig) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(
+        abstract_params(family, config))))

@@ -1,0 +1,70 @@
+"""Task heads on top of the stacks: BERT pooler, MLM head, classifiers."""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t2t.nn.config import TransformerConfig
+from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.embed import Embed
+from t2t.nn.mlp import get_activation
+from t2t.nn.norms import make_norm
+
+
+def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x [batch, length, d], positions [batch, p] -> [batch, p, d]."""
+    return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class Pooler(nn.Module):
+    """BERT pooler: tanh(W · h[CLS] + b).  [batch, length, d] -> [batch, d]."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array) -> jax.Array:
+        cfg = self.config
+        dense = Dense(cfg.d_model, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
+                      param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="dense")
+        return jnp.tanh(dense(hidden[:, 0]))
+
+
+class MlmHead(nn.Module):
+    """BERT masked-LM head: dense + gelu + LayerNorm, then the tied token table + bias.
+
+    hidden [batch, p, d] (already gathered at the masked positions) -> logits [batch, p, vocab].
+    """
+
+    config: TransformerConfig
+    activation: str = "gelu"
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array, table: Embed) -> jax.Array:
+        cfg = self.config
+        width = cfg.embedding_dim or cfg.d_model
+        h = Dense(width, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
+                  param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
+                  name="transform")(hidden)
+        h = make_norm(cfg, "transform_norm")(get_activation(self.activation)(h))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                          (cfg.vocab_size,), cfg.params_dtype)
+        return table.attend(h) + bias.astype(cfg.compute_dtype)
+
+
+class Classifier(nn.Module):
+    """Dropout + dense to `num_classes`.  [batch, d] -> [batch, num_classes]."""
+
+    config: TransformerConfig
+    num_classes: int
+    dropout_rate: Optional[float] = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        rate = cfg.dropout_rate if self.dropout_rate is None else self.dropout_rate
+        x = nn.Dropout(rate)(x, deterministic=deterministic)
+        return Dense(self.num_classes, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
+                     param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="dense")(x)

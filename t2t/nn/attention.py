@@ -1,0 +1,158 @@
+"""Multi-head attention (self and cross), attention masks, and the decoding KV cache."""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from t2t.nn.config import TransformerConfig
+from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.position import apply_rotary
+
+BIG_NEG = -1e10  # masked logits; finite so fully-masked (padding) rows stay NaN-free
+
+
+# ----------------------------------------------------------------------------- masks
+# All masks are boolean [batch, 1, q_len, k_len]: True where a query may attend a key.
+
+def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+    """Same packed example and a real key (segment 0 is padding)."""
+    same = q_segments[:, :, None] == k_segments[:, None, :]
+    return (same & (k_segments[:, None, :] > 0))[:, None]
+
+
+def causal_mask(length: int) -> jax.Array:
+    """[1, 1, length, length] lower triangle (key index <= query index)."""
+    idx = jnp.arange(length)
+    return (idx[None, :] <= idx[:, None])[None, None]
+
+
+def prefix_lm_mask(causal_attention: jax.Array) -> jax.Array:
+    """Causal, plus full attention among positions flagged 1 (the prefix/inputs part)."""
+    prefix = causal_attention.astype(bool)
+    both = prefix[:, :, None] & prefix[:, None, :]
+    return causal_mask(prefix.shape[1]) | both[:, None]
+
+
+def combine_masks(*masks: Optional[jax.Array]) -> Optional[jax.Array]:
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = out & m
+    return out
+
+
+# ------------------------------------------------------------------------- attention
+def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_rng,
+                          deterministic, dtype, fused=False):
+    """Softmax(q·kᵀ·scale + bias, masked) · v.
+
+    q [batch, q_len, heads, head_dim], k/v [batch, k_len, heads, head_dim],
+    mask bool [batch|1, 1, q_len, k_len], bias [batch|1, heads, q_len, k_len].
+    `fused` uses jax.nn.dot_product_attention (cuDNN/TPU kernels); it has no
+    attention-probability dropout, so training with that dropout takes the plain path.
+    """
+    if fused and (deterministic or dropout_rate == 0.0):
+        b, ql, h, _ = q.shape
+        kl = k.shape[1]
+        if mask is not None:
+            mask = jnp.broadcast_to(mask, (b, h, ql, kl))
+        if bias is not None:
+            bias = jnp.broadcast_to(bias, (b, h, ql, kl)).astype(q.dtype)
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+    if scale != 1.0:
+        q = q * jnp.asarray(scale, q.dtype)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    if mask is not None:
+        logits = jnp.where(mask, logits, BIG_NEG)
+    weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    if not deterministic and dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v,
+                      preferred_element_type=jnp.float32).astype(dtype)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with per-head projections `query, key, value, out`.
+
+    Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed].
+    With `decode=True` (self-attention only) keys and values of past steps live in the
+    "cache" collection: the first (init) call sizes the cache from its input length;
+    later calls take one token and write it at `decode_index`.
+    """
+
+    config: TransformerConfig
+    deterministic: bool = True
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
+                 mask: Optional[jax.Array] = None, bias: Optional[jax.Array] = None,
+                 q_positions: Optional[jax.Array] = None,
+                 k_positions: Optional[jax.Array] = None,
+                 decode_index: Optional[jax.Array] = None) -> jax.Array:
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        head_shape = (cfg.num_heads, cfg.head_dim)
+        qkv_axes = ("embed", "heads", "kv")
+
+        def proj(name, init):
+            return Dense(head_shape, qkv_axes, use_bias=cfg.use_bias, dtype=dtype,
+                         param_dtype=cfg.params_dtype, kernel_init=init, name=name)
+
+        base_init = kernel_init(cfg, in_axis=0, out_axis=(1, 2), distribution="normal")
+        if cfg.attention_scale == "folded":   # T5: 1/sqrt(head_dim) lives in the query init
+            def q_init(*args):
+                return base_init(*args) / jnp.sqrt(cfg.head_dim).astype(args[-1])
+            scale = 1.0
+        else:
+            q_init = base_init
+            scale = cfg.head_dim ** -0.5
+        q = proj("query", q_init)(inputs_q)            # [b, q, h, d]
+        k = proj("key", base_init)(inputs_kv)          # [b, k, h, d]
+        v = proj("value", base_init)(inputs_kv)
+        if cfg.position_embedding == "rotary" and q_positions is not None:
+            q = apply_rotary(q, q_positions, cfg.rotary_base)
+            k = apply_rotary(k, k_positions if k_positions is not None else q_positions,
+                             cfg.rotary_base)
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
+        v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
+
+        if self.decode:
+            k, v = self._update_cache(k, v, decode_index)
+
+        dropout_rng = None
+        if not self.deterministic and cfg.attn_dropout_rate > 0.0:
+            dropout_rng = self.make_rng("dropout")
+        out = dot_product_attention(q, k, v, mask, bias, scale=scale,
+                                    dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng,
+                                    deterministic=self.deterministic, dtype=dtype,
+                                    fused=cfg.use_fused_attention)
+        out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
+        out_init = kernel_init(cfg, in_axis=(0, 1), out_axis=2, distribution="normal")
+        return Dense(cfg.d_model, ("heads", "kv", "embed"), contract=2, use_bias=cfg.use_bias,
+                     dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
+                     name="out")(out)
+
+    def _update_cache(self, k, v, decode_index):
+        """Init: create zeroed caches shaped like k/v. Step: write k/v at decode_index."""
+        initialized = self.has_variable("cache", "cached_key")
+        cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        if not initialized:
+            return k, v
+        if decode_index is None:
+            raise ValueError("decode=True needs decode_index after the cache is initialised")
+        start = (0, decode_index, 0, 0)
+        cached_k.value = lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), start)
+        cached_v.value = lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), start)
+        return cached_k.value, cached_v.value

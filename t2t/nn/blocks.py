@@ -1,0 +1,60 @@
+"""One Transformer layer: self-attention, optional cross-attention, feed-forward.
+
+Pre-LN (T5, GPT-2):  x + Drop(Sub(Norm(x)))
+Post-LN (BERT):      Norm(x + Drop(Sub(x)))
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+
+from t2t.nn.attention import MultiHeadAttention
+from t2t.nn.config import TransformerConfig
+from t2t.nn.mlp import MlpBlock
+from t2t.nn.norms import make_norm
+
+
+class TransformerLayer(nn.Module):
+    """[batch, length, embed] -> [batch, length, embed].
+
+    Cross-attention runs only when `encoded` is given, so one layer can serve both the
+    encoder and the decoder (the T5 paper's shared encoder-decoder).
+    `scanned=True` returns `(x, None)` for use under `nn.scan`.
+    """
+
+    config: TransformerConfig
+    deterministic: bool = True
+    decode: bool = False
+    scanned: bool = False
+
+    def setup(self):
+        cfg = self.config
+        attn = lambda name, decode: MultiHeadAttention(  # noqa: E731
+            cfg, deterministic=self.deterministic, decode=decode, name=name)
+        self.self_attention = attn("self_attention", self.decode)
+        self.cross_attention = attn("cross_attention", False)
+        self.mlp = MlpBlock(cfg, deterministic=self.deterministic, name="mlp")
+        self.self_attention_norm = make_norm(cfg, "self_attention_norm")
+        self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
+        self.mlp_norm = make_norm(cfg, "mlp_norm")
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def _sublayer(self, x, norm, fn):
+        if self.config.pre_norm:
+            return x + self.dropout(fn(norm(x)), deterministic=self.deterministic)
+        return norm(x + self.dropout(fn(x), deterministic=self.deterministic))
+
+    def __call__(self, x: jax.Array, encoded: Optional[jax.Array] = None,
+                 self_mask=None, self_bias=None, cross_mask=None,
+                 positions: Optional[jax.Array] = None, decode_index=None):
+        x = self._sublayer(x, self.self_attention_norm, lambda h: self.self_attention(
+            h, h, self_mask, self_bias, positions, positions, decode_index))
+        if encoded is not None:
+            x = self._sublayer(x, self.cross_attention_norm,
+                               lambda h: self.cross_attention(h, encoded, cross_mask))
+        x = self._sublayer(x, self.mlp_norm, self.mlp)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        self.sow("intermediates", "hidden_states", x)
+        return (x, None) if self.scanned else x

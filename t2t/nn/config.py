@@ -1,0 +1,112 @@
+"""One frozen config that describes every Transformer stack in t2t."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import gin
+import jax.numpy as jnp
+
+NORM_TYPES = ("layer", "rms")
+POSITION_TYPES = ("learned", "sinusoidal", "relative", "rotary", "none")
+ATTENTION_SCALES = ("sqrt", "folded")
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
+KERNEL_INITS = ("variance_scaling", "normal")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Architecture and numerics of a Transformer.
+
+    One config drives the encoder (BERT), decoder (GPT) and encoder-decoder (T5) stacks.
+    Defaults are T5.1.1-small-like; presets live in `configs/models/*.gin`.
+    """
+
+    vocab_size: int = 32128
+    d_model: int = 512
+    num_heads: int = 6
+    head_dim: int = 64
+    d_ff: int = 1024
+    num_encoder_layers: int = 8
+    num_decoder_layers: int = 8
+
+    # Feed-forward: one activation = plain MLP; several = gated (their product), as in
+    # t5x: ("gelu_tanh", "linear") is GeGLU (T5.1.1), ("silu", "linear") is SwiGLU.
+    mlp_activations: Sequence[str] = ("gelu_tanh", "linear")
+
+    norm_type: str = "rms"            # "layer" (BERT, GPT-2) or "rms" (T5)
+    norm_eps: float = 1e-6            # BERT 1e-12, GPT-2 1e-5, T5 1e-6
+    pre_norm: bool = True             # pre-LN (T5, GPT-2) vs post-LN (BERT)
+    use_bias: bool = False            # biases on dense layers (BERT, GPT-2)
+
+    position_embedding: str = "relative"  # learned | sinusoidal | relative | rotary | none
+    max_length: int = 512             # rows of the learned/sinusoidal position table
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    rotary_base: float = 10000.0
+
+    type_vocab_size: int = 0          # BERT sentence A/B embeddings (2); 0 = none
+    embedding_dim: Optional[int] = None  # ALBERT factorized embedding size E (< d_model)
+    embedding_norm: bool = False      # LayerNorm right after the embeddings (BERT)
+    scale_embeddings: bool = False    # multiply token embeddings by sqrt(d_model) (Vaswani)
+
+    tie_embeddings: bool = True       # output layer = token embedding transposed
+    scale_tied_logits: bool = False   # T5.1.0: tied logits scaled by d_model ** -0.5
+    share_layers: bool = False        # ALBERT cross-layer parameter sharing
+    share_encoder_decoder: bool = False  # T5 paper "shared" row: one set of layers
+
+    attention_scale: str = "sqrt"     # "sqrt": q·k / sqrt(head_dim); "folded": in q init (T5)
+    use_fused_attention: bool = False  # jax.nn.dot_product_attention (cuDNN / TPU kernels)
+
+    dropout_rate: float = 0.1
+    attention_dropout_rate: Optional[float] = None  # defaults to dropout_rate
+    mlp_dropout_rate: float = 0.0     # inside the feed-forward, after the activation (T5)
+
+    scan_layers: bool = False         # nn.scan over layers: compile time flat in depth
+    remat_policy: str = "none"        # none | full | dots | dots_with_no_batch_dims
+
+    dtype: str = "float32"            # computation dtype ("bfloat16" on TPU)
+    param_dtype: str = "float32"      # parameters stay float32
+    kernel_init: str = "variance_scaling"  # T5 (fan-in scaled) | "normal" (BERT, GPT-2)
+    initializer_range: float = 0.02   # std of the "normal" init
+
+    def __post_init__(self):
+        _check_choice("norm_type", self.norm_type, NORM_TYPES)
+        _check_choice("position_embedding", self.position_embedding, POSITION_TYPES)
+        _check_choice("attention_scale", self.attention_scale, ATTENTION_SCALES)
+        _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+        _check_choice("kernel_init", self.kernel_init, KERNEL_INITS)
+        if self.share_encoder_decoder and self.scan_layers:
+            raise ValueError("share_encoder_decoder=True needs scan_layers=False")
+        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        if self.embedding_dim is not None and self.embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
+        if self.position_embedding == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def attn_dropout_rate(self) -> float:
+        if self.attention_dropout_rate is None:
+            return self.dropout_rate
+        return self.attention_dropout_rate
+
+    @property
+    def is_gated(self) -> bool:
+        return len(self.mlp_activations) > 1
+
+    def replace(self, **changes) -> "TransformerConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"TransformerConfig.{name}={value!r}; choose one of {list(choices)}")

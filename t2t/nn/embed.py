@@ -1,0 +1,85 @@
+"""Token, position and type embeddings, and the tied output projection."""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t2t.nn.config import TransformerConfig
+from t2t.nn.dense import Dense, embedding_init, kernel_init
+from t2t.nn.norms import make_norm
+from t2t.nn.position import sinusoidal
+
+
+class Embed(nn.Module):
+    """A lookup table [num, features]; `attend` multiplies by its transpose (tied logits)."""
+
+    num_embeddings: int
+    features: int
+    axes: tuple = ("vocab", "embed")
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    embedding_init: nn.initializers.Initializer = nn.initializers.normal(stddev=1.0)
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", nn.with_logical_partitioning(self.embedding_init, self.axes),
+            (self.num_embeddings, self.features), self.param_dtype)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """[...] int -> [..., features]."""
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """[..., features] -> [..., num_embeddings], float32 accumulation."""
+        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype),
+                          preferred_element_type=jnp.float32).astype(self.dtype)
+
+
+def token_embed(config: TransformerConfig, name: str = "token_embedder") -> Embed:
+    """The token table: [vocab, embed] (or [vocab, E] when factorized, ALBERT)."""
+    return Embed(config.vocab_size, config.embedding_dim or config.d_model,
+                 dtype=config.compute_dtype, param_dtype=config.params_dtype,
+                 embedding_init=embedding_init(config), name=name)
+
+
+class Embedder(nn.Module):
+    """tokens (+ absolute positions) (+ token types) -> [batch, length, d_model].
+
+    `token_embedder` may be passed in to share one table between stacks (T5).
+    """
+
+    config: TransformerConfig
+    token_embedder: Optional[Embed] = None
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 token_type_ids: Optional[jax.Array] = None) -> jax.Array:
+        cfg = self.config
+        table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
+        x = table(tokens)                                          # [b, l, E]
+        if cfg.scale_embeddings:
+            x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
+        if cfg.embedding_dim is not None and cfg.embedding_dim != cfg.d_model:
+            x = Dense(cfg.d_model, (None, "embed"), use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
+                      param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
+                      name="embedding_projection")(x)
+        if cfg.position_embedding == "learned":
+            x = x + Embed(cfg.max_length, cfg.d_model, axes=("length", "embed"),
+                          dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                          embedding_init=embedding_init(cfg), name="position_embedder")(positions)
+        elif cfg.position_embedding == "sinusoidal":
+            x = x + sinusoidal(positions, cfg.d_model).astype(x.dtype)
+        if cfg.type_vocab_size:
+            if token_type_ids is None:
+                token_type_ids = jnp.zeros_like(tokens)
+            x = x + Embed(cfg.type_vocab_size, cfg.d_model, axes=(None, "embed"),
+                          dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                          embedding_init=embedding_init(cfg), name="type_embedder")(token_type_ids)
+        if cfg.embedding_norm:
+            x = make_norm(cfg, "embedding_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))

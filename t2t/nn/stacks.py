@@ -1,0 +1,249 @@
+"""The three stacks: Encoder (BERT), Decoder (GPT; optional cross-attention) and
+EncoderDecoder (T5). The Decoder with no `encoded` input is the decoder-only model; its
+`decoder_causal_attention` input turns it into a prefix LM.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t2t.nn.attention import causal_mask, combine_masks, prefix_lm_mask, segment_mask
+from t2t.nn.blocks import TransformerLayer
+from t2t.nn.config import TransformerConfig
+from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.embed import Embed, Embedder, token_embed
+from t2t.nn.norms import make_norm
+from t2t.nn.position import RelativePositionBias
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole layer
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def _layer_class(config: TransformerConfig, scanned: bool):
+    if config.remat_policy == "none":
+        return TransformerLayer
+    return nn.remat(TransformerLayer, policy=REMAT_POLICIES[config.remat_policy],
+                    prevent_cse=not scanned)
+
+
+def _default_positions(tokens: jax.Array) -> jax.Array:
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class LayerStack(nn.Module):
+    """`num_layers` layers: a Python loop, one shared layer (ALBERT), or `nn.scan`."""
+
+    config: TransformerConfig
+    num_layers: int
+
+    @nn.compact
+    def __call__(self, x, encoded=None, self_mask=None, self_bias=None, cross_mask=None,
+                 positions=None, decode_index=None, *, deterministic=True, decode=False):
+        cfg = self.config
+        args = (encoded, self_mask, self_bias, cross_mask, positions, decode_index)
+        if cfg.scan_layers and not cfg.share_layers:
+            scanned = nn.scan(_layer_class(cfg, scanned=True),
+                              variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                              split_rngs={"params": True, "dropout": True},
+                              in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
+                              metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = scanned(cfg, deterministic, decode, scanned=True, name="layer")(x, *args)
+            return x
+        cls = _layer_class(cfg, scanned=False)
+        if cfg.share_layers:
+            layer = cls(cfg, deterministic, decode, name="layer")
+            for _ in range(self.num_layers):
+                x = layer(x, *args)
+            return x
+        for i in range(self.num_layers):
+            x = cls(cfg, deterministic, decode, name=f"layer_{i}")(x, *args)
+        return x
+
+
+def _final_norm(cfg: TransformerConfig, x, deterministic):
+    """Pre-LN stacks end with a norm (and T5's dropout); post-LN stacks already did."""
+    if not cfg.pre_norm:
+        return x
+    x = make_norm(cfg, "final_norm")(x)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+    """tokens [batch, length] -> hidden states [batch, length, d_model] (bidirectional)."""
+
+    config: TransformerConfig
+    token_embedder: Optional[Embed] = None
+    layer_stack: Optional[LayerStack] = None
+
+    @nn.compact
+    def __call__(self, input_tokens: jax.Array, segment_ids: Optional[jax.Array] = None,
+                 positions: Optional[jax.Array] = None,
+                 token_type_ids: Optional[jax.Array] = None, *,
+                 deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        if positions is None:
+            positions = _default_positions(input_tokens)
+        table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
+        x = Embedder(cfg, table, deterministic, name="embedder")(input_tokens, positions,
+                                                                 token_type_ids)
+        mask = None if segment_ids is None else segment_mask(segment_ids, segment_ids)
+        bias = None
+        if cfg.position_embedding == "relative":
+            idx = jnp.arange(input_tokens.shape[1])
+            bias = RelativePositionBias(cfg, bidirectional=True, name="relpos")(idx, idx)
+        stack = self.layer_stack or LayerStack(cfg, cfg.num_encoder_layers, name="layers")
+        x = stack(x, None, mask, bias, None, positions, None, deterministic=deterministic)
+        return _final_norm(cfg, x, deterministic)
+
+
+class Decoder(nn.Module):
+    """Causal stack: tokens [batch, length] -> logits [batch, length, vocab].
+
+    With `encoded` it cross-attends (T5's decoder); without, it is a GPT-style LM.
+    `decoder_causal_attention` (1 over the prefix) makes it a prefix LM.
+    With `decode=True` the first call sizes the KV cache from its input length; each
+    later call feeds the next token(s) and reads/writes the cache. A later call may feed a
+    whole prompt at once (prefill), with positions, padding and a prefix-LM mask; see
+    `t2t.models.decoding`.
+    """
+
+    config: TransformerConfig
+    token_embedder: Optional[Embed] = None
+    layer_stack: Optional[LayerStack] = None
+
+    @nn.compact
+    def __call__(self, decoder_input_tokens: jax.Array, encoded: Optional[jax.Array] = None,
+                 decoder_segment_ids: Optional[jax.Array] = None,
+                 encoder_segment_ids: Optional[jax.Array] = None,
+                 decoder_positions: Optional[jax.Array] = None,
+                 decoder_causal_attention: Optional[jax.Array] = None, *,
+                 deterministic: bool = True, decode: bool = False,
+                 return_hidden: bool = False) -> jax.Array:
+        cfg = self.config
+        tokens = decoder_input_tokens
+        batch, length = tokens.shape
+        relpos = (RelativePositionBias(cfg, bidirectional=False, name="relpos")
+                  if cfg.position_embedding == "relative" else None)
+        decode_index = None
+        if decode and self.has_variable("cache", "index"):
+            # One decoding step or a multi-token prefill: queries at cache slots
+            # index .. index+length-1. Optional inputs, for prompts: `decoder_positions`
+            # (per-example positions, e.g. of left-padded prompts), `decoder_segment_ids`
+            # (0 marks padding slots, never attended, remembered in the cache) and
+            # `decoder_causal_attention` (prefix-LM prefill: the flagged slots of this call
+            # attend each other; pass the whole prefix in one call).
+            index = self.variable("cache", "index", jnp.zeros, (), jnp.int32)
+            key_positions = self.variable("cache", "key_positions", jnp.arange, 0).value
+            key_segments = self.variable("cache", "segment_ids", jnp.ones, (batch, 0), jnp.int32)
+            decode_index = index.value
+            q_pos = decode_index + jnp.arange(length, dtype=jnp.int32)
+            positions = (jnp.broadcast_to(q_pos, (batch, length)) if decoder_positions is None
+                         else decoder_positions)
+            self_mask = (key_positions[None, :] <= q_pos[:, None])[None, None]
+            if decoder_causal_attention is not None:
+                prefix_q = decoder_causal_attention.astype(bool)          # [b, length]
+                prefix_k = jax.lax.dynamic_update_slice(
+                    jnp.zeros((batch, key_positions.shape[0]), bool), prefix_q, (0, decode_index))
+                self_mask = self_mask | (prefix_q[:, :, None] & prefix_k[:, None, :])[:, None]
+            q_segments = (jnp.ones((batch, length), jnp.int32) if decoder_segment_ids is None
+                          else decoder_segment_ids.astype(jnp.int32))
+            key_segments.value = jax.lax.dynamic_update_slice(key_segments.value, q_segments,
+                                                              (0, decode_index))
+            self_mask = combine_masks(self_mask, segment_mask(q_segments, key_segments.value))
+            self_bias = None if relpos is None else relpos(q_pos, key_positions)
+            index.value = decode_index + length
+        else:
+            if decode:  # cache initialisation: remember the maximum decode length
+                self.variable("cache", "index", jnp.zeros, (), jnp.int32)
+                self.variable("cache", "key_positions", jnp.arange, length, dtype=jnp.int32)
+                self.variable("cache", "segment_ids", jnp.ones, (batch, length), jnp.int32)
+            positions = _default_positions(tokens) if decoder_positions is None else decoder_positions
+            self_mask = (causal_mask(length) if decoder_causal_attention is None
+                         else prefix_lm_mask(decoder_causal_attention))
+            if decoder_segment_ids is not None:
+                self_mask = combine_masks(self_mask, segment_mask(decoder_segment_ids,
+                                                                  decoder_segment_ids))
+            idx = jnp.arange(length)
+            self_bias = None if relpos is None else relpos(idx, idx)
+
+        cross_mask = None
+        if encoded is not None and encoder_segment_ids is not None:
+            q_segments = (jnp.ones_like(tokens) if decoder_segment_ids is None or decode
+                          else decoder_segment_ids)
+            cross_mask = segment_mask(q_segments, encoder_segment_ids)
+
+        table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
+        x = Embedder(cfg, table, deterministic, name="embedder")(tokens, positions)
+        stack = self.layer_stack or LayerStack(cfg, cfg.num_decoder_layers, name="layers")
+        x = stack(x, encoded, self_mask, self_bias, cross_mask, positions, decode_index,
+                  deterministic=deterministic, decode=decode)
+        x = _final_norm(cfg, x, deterministic)
+        if return_hidden:
+            return x
+        return nn.with_logical_constraint(output_logits(cfg, x, table), ("batch", "length", "vocab"))
+
+
+def output_logits(cfg: TransformerConfig, x: jax.Array, table: Embed) -> jax.Array:
+    """[batch, length, d_model] -> [batch, length, vocab]; tied or its own `logits_dense`.
+
+    Call from inside a compact module (it creates params in the caller's scope).
+    """
+    if not cfg.tie_embeddings:
+        return Dense(cfg.vocab_size, ("embed", "vocab"), use_bias=False, dtype=cfg.compute_dtype,
+                     param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
+                     name="logits_dense")(x)
+    if cfg.scale_tied_logits:
+        x = x * jnp.asarray(cfg.d_model ** -0.5, x.dtype)
+    if cfg.embedding_dim is not None and cfg.embedding_dim != cfg.d_model:
+        x = Dense(cfg.embedding_dim, ("embed", None), use_bias=cfg.use_bias,
+                  dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                  kernel_init=kernel_init(cfg), name="logits_projection")(x)
+    return table.attend(x)
+
+
+class EncoderDecoder(nn.Module):
+    """T5: encoder and decoder sharing one token table (and, optionally, their layers)."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.token_embedder = token_embed(cfg, "token_embedder")
+        shared = None
+        if cfg.share_encoder_decoder:
+            if cfg.num_encoder_layers != cfg.num_decoder_layers:
+                raise ValueError("share_encoder_decoder needs num_encoder_layers == "
+                                 f"num_decoder_layers, got {cfg.num_encoder_layers} and "
+                                 f"{cfg.num_decoder_layers}")
+            shared = LayerStack(cfg, cfg.num_encoder_layers, name="shared_layers")
+        self.encoder = Encoder(cfg, self.token_embedder, shared, name="encoder")
+        self.decoder = Decoder(cfg, self.token_embedder, shared, name="decoder")
+
+    def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *,
+               deterministic: bool = True):
+        """[batch, in_len] -> [batch, in_len, d_model]."""
+        return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                            deterministic=deterministic)
+
+    def decode(self, encoded, decoder_input_tokens, encoder_segment_ids=None,
+               decoder_segment_ids=None, decoder_positions=None, *,
+               deterministic: bool = True, decode: bool = False):
+        """-> logits [batch, tgt_len, vocab]."""
+        return self.decoder(decoder_input_tokens, encoded, decoder_segment_ids,
+                            encoder_segment_ids, decoder_positions,
+                            deterministic=deterministic, decode=decode)
+
+    def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
+                 decoder_segment_ids=None, encoder_positions=None, decoder_positions=None, *,
+                 deterministic: bool = True, decode: bool = False):
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                              deterministic=deterministic)
+        return self.decode(encoded, decoder_input_tokens, encoder_segment_ids,
+                           decoder_segment_ids, decoder_positions,
+                           deterministic=deterministic, decode=decode)

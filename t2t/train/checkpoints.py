@@ -1,0 +1,168 @@
+"""Checkpoints: a thin layer over ``orbax.checkpoint.CheckpointManager``.
+
+One step directory holds three items: ``state`` (the train-state pytree, any sharding),
+``data`` (the input pipeline's iterator state, JSON) and ``config`` (the resolved gin config
+string, JSON). Saves are asynchronous; the manager keeps the newest ``keep`` steps. Restore
+takes an abstract target (``jax.ShapeDtypeStruct`` leaves *with shardings*), so a checkpoint
+written on one mesh restores onto any other; stored shapes and dtypes are checked against
+the target first, with an error naming every mismatching parameter.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+STATE, DATA, CONFIG = "state", "data", "config"
+
+
+def _path_str(path) -> str:
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def abstract_state(tree: PyTree, shardings: PyTree) -> PyTree:
+    """``ShapeDtypeStruct`` leaves with ``shardings`` (same structure), a restore target."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def _as_abstract(target: PyTree) -> PyTree:
+    def one(path, x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        if not isinstance(x, jax.ShapeDtypeStruct) or x.sharding is None:
+            raise ValueError(f"restore target {_path_str(path)!r} must be a "
+                             f"jax.ShapeDtypeStruct with a sharding (or a jax.Array), got "
+                             f"{x!r}")
+        return x
+    return jax.tree_util.tree_map_with_path(one, target)
+
+
+def _hint(path: str, stored: tuple, wanted: tuple) -> str:
+    if len(stored) == len(wanted) and any(w in path.lower() for w in ("embed", "logits", "vocab")):
+        return " — vocab size differs?"
+    if len(stored) != len(wanted):
+        return " — different rank (scanned vs unrolled layers?)"
+    return ""
+
+
+def check_compatible(stored: PyTree, target: PyTree, *, check_dtypes: bool = True) -> None:
+    """Raises ValueError listing every path whose shape/dtype differs, or that only one side
+    has. ``stored`` is orbax metadata (leaves with .shape/.dtype), ``target`` abstract."""
+    def flat(tree):
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {_path_str(p): x for p, x in leaves}
+
+    have, want = flat(stored), flat(target)
+    problems = []
+    for path in sorted(set(have) | set(want)):
+        if path not in want:
+            problems.append(f"{path}: in the checkpoint {tuple(have[path].shape)} but not in "
+                            f"the model")
+            continue
+        if path not in have:
+            problems.append(f"{path}: in the model {tuple(want[path].shape)} but not in the "
+                            f"checkpoint")
+            continue
+        s_shape, w_shape = tuple(have[path].shape), tuple(want[path].shape)
+        if s_shape != w_shape:
+            problems.append(f"{path}: checkpoint {s_shape} vs model {w_shape}"
+                            f"{_hint(path, s_shape, w_shape)}")
+        elif check_dtypes and np.dtype(have[path].dtype) != np.dtype(want[path].dtype):
+            problems.append(f"{path}: checkpoint dtype {np.dtype(have[path].dtype)} vs model "
+                            f"{np.dtype(want[path].dtype)}")
+    if problems:
+        raise ValueError("checkpoint does not match the model:\n  " + "\n  ".join(problems))
+
+
+class Checkpointer:
+    """Async, keep-N checkpoints of (train state, data-iterator state, config string)."""
+
+    def __init__(self, directory: str, keep: Optional[int] = 3, async_save: bool = True,
+                 save_interval_steps: int = 1, keep_period: Optional[int] = None):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, save_interval_steps=save_interval_steps, keep_period=keep_period,
+            enable_async_checkpointing=async_save, create=True)
+        # Handlers registered up front, so a fresh manager can read an old step's metadata.
+        handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
+                    CONFIG: ocp.JsonCheckpointHandler()}
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_handlers=handlers)
+
+    def save(self, step: int, state: PyTree, data_state: Optional[dict] = None,
+             config_str: Optional[str] = None, force: bool = False) -> bool:
+        """Starts saving ``step`` (returns at once when async); False if the interval or an
+        existing checkpoint of this step says skip. ``force`` ignores the interval."""
+        items = {STATE: ocp.args.StandardSave(state)}
+        if data_state is not None:
+            items[DATA] = ocp.args.JsonSave(data_state)
+        if config_str is not None:
+            items[CONFIG] = ocp.args.JsonSave({"gin": config_str})
+        return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+
+    def latest_step(self) -> Optional[int]:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def _step(self, step: Optional[int]) -> int:
+        step = self.latest_step() if step is None else int(step)
+        if step is None or step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; "
+                                    f"have {self.all_steps()}")
+        return step
+
+    def restore(self, step: Optional[int], abstract_state: PyTree, *,
+                allow_dtype_cast: bool = False) -> tuple[PyTree, Optional[dict]]:
+        """Restores (state, data_state) of ``step`` (None = latest) onto the shardings of
+        ``abstract_state`` (ShapeDtypeStruct leaves with ``sharding=``, or arrays)."""
+        self._manager.wait_until_finished()  # a pending save of this step must land first
+        step = self._step(step)
+        target = _as_abstract(abstract_state)
+        metadata = self._manager.item_metadata(step)
+        stored = metadata[STATE]
+        check_compatible(getattr(stored, "tree", stored), target,
+                         check_dtypes=not allow_dtype_cast)
+        items = {STATE: ocp.args.StandardRestore(target)}
+        has_data = DATA in metadata.keys()  # the JSON item's metadata itself is None
+        if has_data:
+            items[DATA] = ocp.args.JsonRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        return restored[STATE], (restored[DATA] if has_data else None)
+
+    def config_str(self, step: Optional[int] = None) -> Optional[str]:
+        """The config string saved with ``step`` (None = latest), if any."""
+        step = self._step(step)
+        if CONFIG not in self._manager.item_metadata(step).keys():
+            return None
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))
+        return restored[CONFIG]["gin"]
+
+    def wait(self) -> None:
+        """Blocks until the pending async save has been committed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

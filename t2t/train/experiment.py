@@ -1,0 +1,119 @@
+"""gin-wired entry point of `t2t train`: builds model, data, optimizer and mesh from the
+operative gin config and runs `trainer.fit`.
+
+Macros the run configs use (as t5x): MODEL_DIR, TRAIN_STEPS, BATCH_SIZE, TASK,
+TASK_FEATURE_LENGTHS, MODEL_FAMILY (set by configs/models/*).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Dict, Optional
+
+import gin
+import jax
+
+from t2t.data import converters as conv
+from t2t.data import tasks as tasks_lib
+from t2t.models.base import LossConfig
+from t2t.models.families import make_model
+from t2t.nn.config import TransformerConfig
+from t2t.train import optimizers, partitioning
+from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
+
+_log = logging.getLogger(__name__)
+
+CONVERTERS = {
+    "encoder_decoder": conv.EncDecConverter,
+    "lm": conv.LMConverter,
+    "prefix_lm": conv.PrefixLMConverter,
+    "encoder": conv.EncoderConverter,
+}
+# Objective gin names (configs/objectives) -> the task suffix registered for each corpus.
+OBJECTIVE_TASKS = {"span_3_15_u_u": "span_corruption", "causal_lm": "lm",
+                   "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm"}
+
+
+def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[str]) -> str:
+    """An explicit task, or `<corpus>_<objective's task suffix>`."""
+    if task:
+        return task
+    if not (corpus and objective):
+        raise ValueError("bind train.task, or both train.corpus and train.objective")
+    return f"{corpus}_{OBJECTIVE_TASKS.get(objective, objective)}"
+
+
+def default_converter(family: str, objective: Optional[str]) -> str:
+    """t5: encoder-decoder; bert: encoder; gpt: LM, or prefix LM for inputs->targets tasks."""
+    if family == "t5":
+        return "encoder_decoder"
+    if family == "bert":
+        return "encoder"
+    return "lm" if objective in (None, "lm", "causal_lm") else "prefix_lm"
+
+
+@dataclasses.dataclass
+class Experiment:
+    """Everything a run needs, built from gin: the trainer and how to make its data."""
+
+    trainer: Trainer
+    task: object                       # a registered Task or Mixture
+    converter: conv.FeatureConverter
+    batch_size: int
+
+    def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
+        """This process's resumable iterator over the task (seeded by TrainConfig.seed)."""
+        return self.task.get_pipeline(self.converter, self.batch_size, self.trainer.config.seed,
+                                      process_index=process_index, process_count=process_count)
+
+
+@gin.configurable
+def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+               family: str = gin.REQUIRED, task: Optional[str] = None,
+               corpus: Optional[str] = None, objective: Optional[str] = None,
+               converter: Optional[str] = None, pack: bool = True) -> Experiment:
+    """Model `family` (with the gin-bound TransformerConfig) on `task`, or on
+    `<corpus>_<objective>`. Optimizer and schedule come from gin bindings of
+    `make_optimizer` and `make_schedule` (see configs/runs/pretrain.gin)."""
+    train_cfg = TrainConfig()
+    task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
+    first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
+    vocab = first_task.vocabulary
+    model_cfg = TransformerConfig()
+    if vocab is not None and model_cfg.vocab_size != vocab.padded_vocab_size:
+        _log.info("vocab_size %d -> %d (the task's vocabulary, padded to 128)",
+                  model_cfg.vocab_size, vocab.padded_vocab_size)
+        model_cfg = model_cfg.replace(vocab_size=vocab.padded_vocab_size)
+    model = make_model(family, model_cfg, LossConfig())
+
+    converter_name = converter or default_converter(family, objective)
+    if converter_name not in CONVERTERS:
+        raise ValueError(f"unknown converter {converter_name!r}; choose one of {list(CONVERTERS)}")
+    kwargs = {}
+    if converter_name == "encoder":
+        kwargs["nsp"] = objective != "bert_mlm"
+        pack = pack and not kwargs["nsp"]  # one NSP label per row: MLM+NSP rows hold one pair
+    feature_converter = CONVERTERS[converter_name](feature_lengths, pack=pack, **kwargs)
+
+    lr = optimizers.make_schedule()
+    tx = optimizers.make_optimizer(learning_rate=lr)
+    trainer = Trainer(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
+    return Experiment(trainer, task_obj, feature_converter, batch_size)
+
+
+def run() -> TrainResult:
+    """Build the gin-configured experiment, write its operative config (every value it
+    used, defaults included) to MODEL_DIR/config.gin, and train (resuming if possible)."""
+    exp = experiment()
+    config_str = gin.operative_config_str()
+    model_cfg, bound = exp.trainer.model.config, TransformerConfig()
+    if model_cfg.vocab_size != bound.vocab_size:
+        config_str += (f"\n# TransformerConfig.vocab_size {bound.vocab_size} was replaced by "
+                       f"{model_cfg.vocab_size}: the task vocabulary's padded size.\n")
+    model_dir = exp.trainer.config.model_dir
+    os.makedirs(model_dir, exist_ok=True)
+    if jax.process_index() == 0:
+        with open(os.path.join(model_dir, "config.gin"), "w") as f:
+            f.write(config_str)
+    return fit(exp.trainer, exp.data(), config_str=config_str)

@@ -1,0 +1,150 @@
+"""One FLOP count for every family, and model FLOPs utilisation (MFU).
+
+Counted are matrix multiplies only (a multiply-add is 2 FLOPs); norms, softmax, activations
+and embedding lookups are ignored, as in the PaLM paper (appendix B) and MaxText. Training
+costs 3× the forward pass (the backward pass needs two matmuls per forward matmul: one for
+the input gradient, one for the weight gradient). Rematerialisation is *not* counted — this
+is model FLOPs, not hardware FLOPs.
+
+Notation (all from :class:`~t2t.nn.config.TransformerConfig`): ``d = d_model``,
+``A = num_heads * head_dim``, ``F = d_ff``, ``g = len(mlp_activations)`` (2 for gated
+MLPs), ``V = vocab_size``, ``E = embedding_dim`` (ALBERT, else none), ``S`` input
+(encoder) length, ``T`` target (decoder) length, ``P`` positions that get logits.
+
+Forward FLOPs of one example:
+
+* dense, per token and layer: ``2 · (4·d·A + (g+1)·d·F)`` — q, k, v, o and the MLP.
+  Summed over tokens this is the familiar ``2·N`` (``6·N`` for training) with ``N`` the
+  matmul parameters a token passes through.
+* self-attention, per layer: ``4 · Lq · Lk · A`` (``QKᵀ`` and ``A·V``, 2·Lq·Lk·A each);
+  halved when causal (only the lower triangle is needed). Encoder: ``Lq = Lk = S``;
+  decoder: ``Lq = Lk = T``.
+* cross-attention (encoder-decoder), per decoder layer: ``2·2·d·A·T`` (q, o on decoder
+  tokens) + ``2·2·d·A·S`` (k, v on encoder outputs) + ``4·T·S·A`` (never causal).
+* logits: ``2 · d_out · V · P`` with ``d_out = E or d``; ``P`` = ``T`` for decoders, the number
+  of masked positions for MLM when given (BERT computes logits only there), else ``S``.
+  ALBERT adds ``2·E·d`` per input token (embedding projection) and ``2·d·E`` per logit
+  position (head projection).
+
+Task heads other than the vocab projection (BERT's MLM transform, pooler, NSP) are left out;
+they are below 0.2% of BERT-base's step. Tokens per example, for per-token numbers: ``S``
+(encoder), ``T`` (decoder), ``S + T`` (encoder-decoder).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+
+from t2t.nn.config import TransformerConfig
+
+FAMILIES = {"encoder": "encoder", "bert": "encoder", "decoder": "decoder", "gpt": "decoder",
+            "encoder_decoder": "encoder_decoder", "t5": "encoder_decoder"}
+
+
+def _family(family: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def _lengths(family: str, input_length: Optional[int],
+             target_length: Optional[int]) -> tuple[int, int]:
+    need = {"encoder": ("input_length",), "decoder": ("target_length",),
+            "encoder_decoder": ("input_length", "target_length")}[family]
+    given = {"input_length": input_length, "target_length": target_length}
+    missing = [n for n in need if not given[n]]
+    if missing:
+        raise ValueError(f"family {family!r} needs {' and '.join(need)}; missing {missing}")
+    return int(input_length or 0), int(target_length or 0)
+
+
+def forward_flops_breakdown(config: TransformerConfig, family: str, *,
+                            input_length: Optional[int] = None,
+                            target_length: Optional[int] = None,
+                            num_masked: Optional[int] = None,
+                            causal: Optional[bool] = None) -> dict[str, float]:
+    """Forward FLOPs of ONE example, split into ``dense``, ``attention``, ``logits``.
+
+    ``causal`` applies to decoder self-attention (default True; False for a fully
+    bidirectional count); the encoder is never causal.
+    """
+    family = _family(family)
+    s, t = _lengths(family, input_length, target_length)
+    d, a, f, v = config.d_model, config.num_heads * config.head_dim, config.d_ff, config.vocab_size
+    per_token_layer = 2 * (4 * d * a + (len(config.mlp_activations) + 1) * d * f)
+    causal_factor = 0.5 if (True if causal is None else causal) else 1.0
+    dense = attention = 0.0
+    if family in ("encoder", "encoder_decoder"):
+        dense += config.num_encoder_layers * s * per_token_layer
+        attention += config.num_encoder_layers * 4 * s * s * a
+    if family in ("decoder", "encoder_decoder"):
+        dense += config.num_decoder_layers * t * per_token_layer
+        attention += config.num_decoder_layers * 4 * t * t * a * causal_factor
+    if family == "encoder_decoder":
+        dense += config.num_decoder_layers * 2 * 2 * d * a * (t + s)
+        attention += config.num_decoder_layers * 4 * t * s * a
+    if family == "encoder":
+        positions = s if num_masked is None else num_masked
+    else:
+        positions = t
+    e = config.embedding_dim
+    logits = 2 * (e or d) * v * positions
+    if e:
+        dense += 2 * e * d * (s + t)  # embedding projection E -> d on every input token
+        logits += 2 * d * e * positions  # head projection d -> E
+    return {"dense": float(dense), "attention": float(attention), "logits": float(logits)}
+
+
+def step_flops(config: TransformerConfig, family: str, batch_size: int, *,
+               input_length: Optional[int] = None, target_length: Optional[int] = None,
+               num_masked: Optional[int] = None, causal: Optional[bool] = None) -> float:
+    """Training FLOPs of one step (forward + backward = 3 × forward) for a whole batch."""
+    parts = forward_flops_breakdown(config, family, input_length=input_length,
+                                    target_length=target_length, num_masked=num_masked,
+                                    causal=causal)
+    return 3.0 * batch_size * sum(parts.values())
+
+
+def tokens_per_example(family: str, input_length: Optional[int] = None,
+                       target_length: Optional[int] = None) -> int:
+    """S (encoder), T (decoder) or S + T (encoder-decoder)."""
+    s, t = _lengths(_family(family), input_length, target_length)
+    return s + t
+
+
+def train_flops_per_token(config: TransformerConfig, family: str, *,
+                          input_length: Optional[int] = None,
+                          target_length: Optional[int] = None,
+                          num_masked: Optional[int] = None,
+                          causal: Optional[bool] = None) -> float:
+    """Training FLOPs per processed token (see :func:`tokens_per_example`)."""
+    total = step_flops(config, family, 1, input_length=input_length,
+                       target_length=target_length, num_masked=num_masked, causal=causal)
+    return total / tokens_per_example(family, input_length, target_length)
+
+
+def mfu(flops_per_step: float, step_time_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over ``peak_flops`` (of all devices used)."""
+    if step_time_s <= 0 or peak_flops <= 0:
+        raise ValueError(f"step_time_s and peak_flops must be positive, got {step_time_s}, "
+                         f"{peak_flops}")
+    return flops_per_step / step_time_s / peak_flops
+
+
+# Dense bf16 peak per JAX device (a TPU v2/v3 device is one core; v4+ is one chip).
+_PEAK_BF16 = (
+    ("tpu v2", 22.5e12), ("tpu v3", 61.5e12), ("tpu v4", 275e12), ("tpu v5 lite", 197e12),
+    ("tpu v5e", 197e12), ("tpu v5p", 459e12), ("tpu v5", 459e12), ("tpu v6 lite", 918e12),
+    ("tpu v6e", 918e12), ("h100 pcie", 756e12), ("h100", 989e12), ("h200", 989e12),
+    ("a100", 312e12),
+)
+
+
+def peak_flops_per_device(device: Optional[jax.Device] = None) -> Optional[float]:
+    """Published dense bf16 peak of a known accelerator, or None (e.g. CPU)."""
+    kind = (device or jax.devices()[0]).device_kind.lower()
+    for key, peak in _PEAK_BF16:
+        if key in kind:
+            return peak
+    return None

@@ -1,0 +1,171 @@
+"""Training metrics to a progress bar, a JSONL file and TensorBoard event files.
+
+Only process 0 writes. Steps that are not logged cost nothing: the metrics dict is not
+touched, so device arrays in it are never fetched (no host sync).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import numbers
+import os
+import struct
+import sys
+from typing import Any, Mapping, Optional
+
+import jax
+import numpy as np
+import tqdm
+
+# Progress-bar labels; a metric matches on the last part of its name ("train/loss" → loss).
+_POSTFIX = {"loss": "loss", "learning_rate": "lr", "lr": "lr",
+            "tokens_per_second": "tok/s", "tokens_per_sec": "tok/s", "tok/s": "tok/s",
+            "mfu": "mfu"}
+
+
+def _to_python(value: Any) -> Any:
+    """Device/numpy values → JSON-friendly Python (scalars → int/float, arrays → lists)."""
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    arr = np.asarray(jax.device_get(value))
+    if arr.ndim == 0:
+        return arr.item()
+    return arr.tolist()
+
+
+def _format(label: str, value: float) -> str:
+    if label == "lr":
+        return f"{value:.2e}"
+    if label == "tok/s":
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+class MetricsLogger:
+    """Writes metrics every ``every_n`` steps (and at ``total_steps``).
+
+    * ``<model_dir>/metrics.jsonl`` — one object per logged step, ``{"step": s, ...}``,
+      appended (a resumed run continues the file);
+    * ``<model_dir>/tensorboard/`` — scalar summaries (tensorboardX, no TensorFlow);
+    * a tqdm bar with loss / lr / tok/s in its postfix.
+    """
+
+    def __init__(self, model_dir: str, total_steps: Optional[int] = None, every_n: int = 100,
+                 *, initial_step: int = 0, progress_bar: bool = True,
+                 tensorboard: bool = True, jsonl_name: str = "metrics.jsonl",
+                 tensorboard_subdir: str = "tensorboard"):
+        if every_n < 1:
+            raise ValueError(f"every_n must be >= 1, got {every_n}")
+        self.model_dir = model_dir
+        self.total_steps = total_steps
+        self.every_n = every_n
+        self.enabled = jax.process_index() == 0
+        self.jsonl_path = os.path.join(model_dir, jsonl_name)
+        self.tensorboard_dir = os.path.join(model_dir, tensorboard_subdir)
+        self._jsonl = self._writer = self._bar = None
+        if not self.enabled:
+            return
+        os.makedirs(model_dir, exist_ok=True)
+        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+        if tensorboard:
+            import tensorboardX  # imported lazily: heavy, and only process 0 needs it
+            self._writer = tensorboardX.SummaryWriter(self.tensorboard_dir, flush_secs=30)
+        if progress_bar:
+            # Redraw at most every 5 s when stderr is a log file rather than a terminal.
+            interactive = getattr(sys.stderr, "isatty", lambda: False)()
+            self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, unit="step",
+                                  dynamic_ncols=True, mininterval=0.1 if interactive else 5.0)
+        self._bar_step = initial_step
+
+    def should_log(self, step: int) -> bool:
+        """True on steps that :meth:`log` writes (every_n-th and the last)."""
+        return step % self.every_n == 0 or (self.total_steps is not None
+                                            and step == self.total_steps)
+
+    def log(self, step: int, metrics: Mapping[str, Any], *, force: bool = False) -> bool:
+        """Advances the bar to ``step``; writes ``metrics`` if due (or ``force``)."""
+        if not self.enabled:
+            return False
+        if self._bar is not None and step > self._bar_step:
+            self._bar.update(step - self._bar_step)
+            self._bar_step = step
+        if not (force or self.should_log(step)):
+            return False
+        values = {k: _to_python(v) for k, v in metrics.items()}
+        self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
+        self._jsonl.flush()
+        scalars = {k: float(v) for k, v in values.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._writer is not None:
+            for k, v in scalars.items():
+                self._writer.add_scalar(k, v, global_step=int(step))
+        if self._bar is not None:
+            postfix = {}
+            for k, v in scalars.items():
+                label = _POSTFIX.get(k.rsplit("/", 1)[-1])
+                if label and math.isfinite(v):
+                    postfix[label] = _format(label, v)
+            if postfix:
+                self._bar.set_postfix(postfix, refresh=False)
+        return True
+
+    def flush(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.flush()
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes every sink; safe to call twice."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` from the event files in ``logdir`` (CRC-checked)."""
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.record_writer import masked_crc32c
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        with open(path, "rb") as f:
+            data = f.read()
+        pos = 0
+        while pos + 12 <= len(data):
+            header = data[pos:pos + 8]
+            (length,) = struct.unpack("<Q", header)
+            (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
+            record = data[pos + 12:pos + 12 + length]
+            (record_crc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
+            if header_crc != masked_crc32c(header) or record_crc != masked_crc32c(record):
+                raise ValueError(f"corrupt record at byte {pos} of {path}")
+            pos += 16 + length
+            event = event_pb2.Event.FromString(record)
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out

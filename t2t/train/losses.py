@@ -1,0 +1,134 @@
+"""Losses and simple metrics (pure jnp, float32 internally).
+
+Cross entropy follows t5x: z-loss ``z_loss * log(Z)**2`` (keeps the softmax normaliser near
+1, PaLM §5), label smoothing with a constant subtracted so a perfect prediction of the
+smoothed distribution costs 0, per-token weights for padding/packing. A custom VJP keeps
+only the logits and ``log Z`` for the backward pass (no ``[batch, length, vocab]`` softmax or
+one-hot residuals).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from t2t.models.heads import gather_positions
+
+
+def _smoothing_constants(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:
+    """(confidence, low_confidence, normalizing_constant) as in t5x."""
+    confidence = 1.0 - label_smoothing
+    low_confidence = (1.0 - confidence) / (vocab_size - 1)
+    normalizing_constant = -(confidence * math.log(confidence)
+                             + (vocab_size - 1) * low_confidence
+                             * math.log(low_confidence + 1e-20)) if label_smoothing else 0.0
+    return confidence, low_confidence, normalizing_constant
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _token_cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float,
+                         label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+    """Per-token (loss incl. z-loss, z-loss), both [..., ] float32. logits [..., V]."""
+    out, _ = _token_cross_entropy_fwd(logits, targets, z_loss, label_smoothing)
+    return out
+
+
+def _token_cross_entropy_fwd(logits, targets, z_loss, label_smoothing):
+    vocab = logits.shape[-1]
+    confidence, low, constant = _smoothing_constants(label_smoothing, vocab)
+    x = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(x, axis=-1)  # [...]
+    # A masked sum rather than a gather: stays local when the vocab axis is sharded.
+    is_target = jnp.arange(vocab, dtype=jnp.int32) == targets[..., None].astype(jnp.int32)
+    target_logit = jnp.sum(jnp.where(is_target, x, 0.0), axis=-1)  # [...]
+    # -sum_v soft_v * log_softmax_v with soft = low + (confidence - low) * onehot(target)
+    nll = -(confidence - low) * (target_logit - log_z)
+    if low:
+        nll = nll - low * (jnp.sum(x, axis=-1) - vocab * log_z)
+    z = z_loss * jnp.square(log_z)
+    loss = nll - constant + z
+    return (loss, z), (logits, targets, log_z)
+
+
+def _token_cross_entropy_bwd(z_loss, label_smoothing, res, g):
+    logits, targets, log_z = res
+    g_loss, g_z = g  # [...]
+    vocab = logits.shape[-1]
+    confidence, low, _ = _smoothing_constants(label_smoothing, vocab)
+    probs = jnp.exp(logits.astype(jnp.float32) - log_z[..., None])  # [..., V]
+    onehot = jax.nn.one_hot(targets, vocab, dtype=jnp.float32)
+    soft = low + (confidence - low) * onehot
+    dz = 2.0 * z_loss * log_z  # d(z_loss * logZ^2)/dlogZ; dlogZ/dlogits = probs
+    grad = (g_loss[..., None] * (probs * (1.0 + dz[..., None]) - soft)
+            + (g_z * dz)[..., None] * probs)
+    return grad.astype(logits.dtype), None
+
+
+_token_cross_entropy.defvjp(_token_cross_entropy_fwd, _token_cross_entropy_bwd)
+
+
+def token_cross_entropy(logits: jax.Array, targets: jax.Array, *, z_loss: float = 0.0,
+                        label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """Unweighted per-token (loss incl. z-loss, z-loss): logits [..., V], targets [...]."""
+    return _token_cross_entropy(logits, targets, float(z_loss), float(label_smoothing))
+
+
+def cross_entropy_with_logits(
+    logits: jax.Array, targets: jax.Array, weights: Optional[jax.Array] = None, *,
+    z_loss: float = 1e-4, label_smoothing: float = 0.0,
+    loss_normalizing_factor: Optional[float] = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Weighted cross entropy. logits [b, l, V], targets [b, l] int, weights [b, l].
+
+    Returns ``(loss, z_loss, weight_sum)``: ``loss`` already includes the z-loss term (the
+    separate ``z_loss`` is for logging). Both are divided by ``weight_sum`` when
+    ``loss_normalizing_factor`` is None, else by that constant (t5x's fixed factor, which
+    keeps the loss scale independent of how many target tokens a batch happens to hold).
+    """
+    loss, z = token_cross_entropy(logits, targets, z_loss=z_loss,
+                                  label_smoothing=label_smoothing)  # [b, l]
+    if weights is None:
+        weights = jnp.ones(targets.shape, jnp.float32)
+    weights = weights.astype(jnp.float32)
+    weight_sum = jnp.sum(weights)
+    total, total_z = jnp.sum(loss * weights), jnp.sum(z * weights)
+    if loss_normalizing_factor is None:
+        denom = jnp.maximum(weight_sum, 1e-8)  # an all-padding batch gives 0, not NaN
+    else:
+        denom = jnp.float32(loss_normalizing_factor)
+    return total / denom, total_z / denom, weight_sum
+
+
+def mlm_loss(logits: jax.Array, masked_ids: jax.Array, masked_weights: jax.Array, *,
+             masked_positions: Optional[jax.Array] = None, z_loss: float = 0.0,
+             label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """Masked-LM loss averaged over real predictions; returns (loss, weight_sum).
+
+    ``logits`` are [b, p, V] at the masked positions only (the cheap path: the model gathers
+    hidden states with :func:`gather_positions` before the vocab projection). If
+    ``masked_positions`` [b, p] is given, ``logits`` are [b, l, V] and are gathered here.
+    """
+    if masked_positions is not None:
+        logits = gather_positions(logits, masked_positions)  # [b, p, V]
+    loss, _, weight_sum = cross_entropy_with_logits(
+        logits, masked_ids, masked_weights, z_loss=z_loss, label_smoothing=label_smoothing)
+    return loss, weight_sum
+
+
+def nsp_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Next-sentence-prediction loss: logits [b, 2], labels [b] (0 = is next) → mean."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None].astype(jnp.int32), -1))
+
+
+def accuracy(logits: jax.Array, targets: jax.Array,
+             weights: Optional[jax.Array] = None) -> jax.Array:
+    """Weighted fraction of argmax(logits [..., V]) == targets [...]."""
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    if weights is None:
+        return jnp.mean(correct)
+    weights = weights.astype(jnp.float32)
+    return jnp.sum(correct * weights) / jnp.maximum(jnp.sum(weights), 1e-8)

@@ -1,0 +1,332 @@
+"""Device mesh, logical-axis rules and parameter shardings.
+
+The mesh has three named axes: ``data`` (pure data parallelism), ``fsdp`` (data parallelism
+whose replicas also shard the parameters and optimizer state) and ``tensor`` (Megatron-style
+model parallelism over heads / mlp / vocab). Model code only ever names *logical* axes
+(``batch, length, embed, mlp, heads, kv, joined_kv, vocab, relpos_buckets, layers``); the one
+table :data:`DEFAULT_RULES` maps them onto mesh axes.
+
+Rules for the rules:
+
+* A logical name appears at most once in a table; a second entry is an error, never a
+  silent fallback (flax would otherwise treat it as a lower-priority alternative).
+* A logical name that a parameter or activation uses but the table lacks is an error
+  (flax would silently replicate that dimension).
+* **Replicate on reuse**: one array uses each mesh axis at most once. When two dimensions of
+  the same array map to the same mesh axis, the dimension whose rule comes *first in the
+  table* keeps it and the other is replicated (flax's priority order). :data:`DEFAULT_RULES`
+  lists ``batch`` first, so the activation ``[batch, length, embed]`` is sharded as
+  ``P(("data", "fsdp"), None, None)``: batch takes ``fsdp`` and embed, which comes later in
+  both the array and the table, is replicated. Parameters have no ``batch`` dimension, so
+  their ``embed`` dimension is sharded over ``fsdp``.
+
+The sharded-init pattern (as flax examples/lm1b) is :func:`init_sharded`:
+``jax.eval_shape(init)`` → logical specs → mesh shardings → ``jax.jit(init, out_shardings)``
+under ``jax.set_mesh(mesh)`` and the logical-axis rules. Never use the old ``with mesh:``
+context: it silently disables flax's logical constraints.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+import optax
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv", "joined_kv", "vocab",
+                "relpos_buckets", "layers")
+
+MeshAxes = Union[str, tuple[str, ...], None]
+Rules = Sequence[tuple[str, MeshAxes]]
+
+# Order matters (see "replicate on reuse" above): batch must come before embed.
+DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("joined_kv", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),
+    ("length", None),
+    ("relpos_buckets", None),
+    ("layers", None),
+)
+
+
+# ----------------------------------------------------------------------------- mesh
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh shape. ``-1`` on one ICI axis means "all remaining devices".
+
+    ``data/fsdp/tensor`` are the axis sizes inside a slice (ICI); ``dcn_*`` the number of
+    slices along each axis (multi-slice over the data-centre network). The final mesh axis
+    size is the product of the two.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    dcn_tensor: int = 1
+    allow_split_physical_axes: bool = False  # let one mesh axis span several torus axes
+
+    @property
+    def ici_shape(self) -> tuple[int, int, int]:
+        return (self.data, self.fsdp, self.tensor)
+
+    @property
+    def dcn_shape(self) -> tuple[int, int, int]:
+        return (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)
+
+
+def _describe(names: Sequence[str], sizes: Sequence[int]) -> str:
+    return " × ".join(f"{n}={s}" for n, s in zip(names, sizes))
+
+
+def _resolve_shape(shape: Sequence[int], num_devices: int, names: Sequence[str],
+                   what: str) -> tuple[int, ...]:
+    """Replaces one ``-1`` in ``shape`` so that the product equals ``num_devices``."""
+    shape = tuple(int(s) for s in shape)
+    bad = [f"{n}={s}" for n, s in zip(names, shape) if s == 0 or s < -1]
+    if bad:
+        raise ValueError(f"{what} sizes must be positive or -1, got {', '.join(bad)}")
+    free = [i for i, s in enumerate(shape) if s == -1]
+    if len(free) > 1:
+        raise ValueError(f"only one {what} axis may be -1, got {_describe(names, shape)}")
+    known = math.prod(s for s in shape if s != -1)
+    if free:
+        if num_devices % known:
+            raise ValueError(
+                f"{what} {_describe(names, shape)}: the fixed axes ({known} devices) do not "
+                f"divide the {num_devices} devices")
+        shape = tuple(num_devices // known if s == -1 else s for s in shape)
+    elif known != num_devices:
+        raise ValueError(f"{what} {_describe(names, shape)} needs {known} devices but "
+                         f"{num_devices} are available")
+    return shape
+
+
+def make_mesh(config: Optional[MeshConfig] = None,
+              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+    """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types, topology-aware order.
+
+    ``config=None`` builds ``MeshConfig()`` at call time, so gin bindings apply.
+    """
+    config = MeshConfig() if config is None else config
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    dcn = tuple(int(s) for s in config.dcn_shape)
+    if any(s < 1 for s in dcn):
+        raise ValueError(f"DCN axis sizes must be >= 1 (no -1), got "
+                         f"{_describe([f'dcn_{a}' for a in MESH_AXES], dcn)}")
+    num_slices = math.prod(dcn)
+    if n % num_slices:
+        raise ValueError(f"DCN mesh {_describe(MESH_AXES, dcn)} ({num_slices} slices) does "
+                         f"not divide the {n} devices")
+    ici = _resolve_shape(config.ici_shape, n // num_slices, MESH_AXES,
+                         "mesh" if num_slices == 1 else "per-slice mesh")
+    full = tuple(i * d for i, d in zip(ici, dcn))
+    platform = devices[0].platform
+    try:
+        if num_slices > 1:
+            array = mesh_utils.create_hybrid_device_mesh(
+                ici, dcn, devices, process_is_granule=not hasattr(devices[0], "slice_index"),
+                allow_split_physical_axes=config.allow_split_physical_axes)
+        else:
+            array = mesh_utils.create_device_mesh(
+                ici, devices, allow_split_physical_axes=config.allow_split_physical_axes)
+    except (ValueError, NotImplementedError, AssertionError) as e:
+        if platform == "tpu":
+            raise ValueError(f"cannot lay out mesh {_describe(MESH_AXES, full)} on this TPU "
+                             f"topology ({e}); try another shape or "
+                             f"allow_split_physical_axes=True") from e
+        logging.info("mesh_utils refused %s on %s (%s); using device order", full, platform, e)
+        array = np.asarray(devices, dtype=object).reshape(full)
+    return Mesh(np.asarray(array).reshape(full), MESH_AXES,
+                axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def validate_rules(rules: Rules, mesh: Optional[Mesh] = None) -> tuple[tuple[str, MeshAxes], ...]:
+    """Checks a logical→mesh table: no name twice, only mesh axes that exist. Returns a tuple."""
+    seen: dict[str, MeshAxes] = {}
+    out = []
+    for entry in rules:
+        if len(entry) != 2 or not isinstance(entry[0], str):
+            raise ValueError(f"a rule is (logical_name, mesh_axes), got {entry!r}")
+        name, axes = entry
+        if isinstance(axes, list):
+            axes = tuple(axes)
+        if name in seen:
+            raise ValueError(f"conflicting rules for {name!r}: {seen[name]!r} and {axes!r}")
+        seen[name] = axes
+        if mesh is not None:
+            for a in (axes,) if isinstance(axes, str) else (axes or ()):
+                if a not in mesh.axis_names:
+                    raise ValueError(f"rule ({name!r}, {axes!r}) names mesh axis {a!r}; the "
+                                     f"mesh has {tuple(mesh.axis_names)}")
+        out.append((name, axes))
+    return tuple(out)
+
+
+def _check_known(names: Sequence[Any], rules: Rules, where: str) -> None:
+    known = [r[0] for r in rules]
+    for name in names:
+        if isinstance(name, str) and name not in known:
+            raise ValueError(f"{where} uses logical axis {name!r}, which the rules table "
+                             f"lacks; known names: {known}")
+
+
+class _UnknownNameGuard:
+    """Last entry of the rules handed to flax: flax tests ``guard in array_dim_names`` for
+    every constraint, which calls ``__eq__`` on each name, so an unknown name raises at
+    trace time instead of being silently replicated."""
+
+    def __init__(self, known: Sequence[str]):
+        self.known = tuple(known)
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, str) and other not in self.known:
+            raise ValueError(f"an activation uses logical axis {other!r}, which the rules "
+                             f"table lacks; known names: {list(self.known)}")
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "<unknown-logical-name guard>"
+
+
+def flax_rules(rules: Rules = DEFAULT_RULES) -> tuple:
+    """Validated rules plus a guard that rejects unknown activation names (for flax)."""
+    rules = validate_rules(rules)
+    return rules + ((_UnknownNameGuard([r[0] for r in rules]), None),)
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
+    """``jax.set_mesh(mesh)`` + flax logical-axis rules: wrap jit calls of model code in it."""
+    validate_rules(rules, mesh)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(flax_rules(rules)):
+        yield
+
+
+# ----------------------------------------------------------------------------- shardings
+
+
+def _path_str(path) -> str:
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def _is_box(x: Any) -> bool:
+    return isinstance(x, nn.Partitioned)
+
+
+def check_divisible(path: str, shape: Sequence[int], spec: P, mesh: Mesh,
+                    names: Optional[Sequence[Any]] = None) -> None:
+    """Raises if a sharded dimension of ``shape`` is not a multiple of its mesh axes' size."""
+    for dim, axes in enumerate(spec):
+        if axes is None:
+            continue
+        axes_t = (axes,) if isinstance(axes, str) else tuple(axes)
+        size = math.prod(mesh.shape[a] for a in axes_t)
+        if shape[dim] % size:
+            label = names[dim] if names is not None and names[dim] else "size"
+            mesh_desc = _describe(axes_t, [mesh.shape[a] for a in axes_t])
+            plural = "axis" if len(axes_t) == 1 else "axes"
+            raise ValueError(f"{path} dim {dim} ({label}={shape[dim]}) is not divisible by "
+                             f"mesh {plural} {mesh_desc}")
+
+
+def param_shardings(abstract: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+    """NamedShardings for a tree whose leaves may be ``nn.LogicallyPartitioned`` boxes.
+
+    ``abstract`` is typically ``jax.eval_shape(model.init, ...)``. The result has the
+    structure of the *unboxed* tree. Unboxed leaves are replicated. Raises on unknown logical
+    names and on dimensions not divisible by their mesh axes (naming the parameter path).
+    """
+    rules = validate_rules(rules, mesh)
+
+    def one(path, leaf):
+        where = _path_str(path)
+        if _is_box(leaf):
+            names, shape = tuple(leaf.names), tuple(leaf.value.shape)
+            if len(names) != len(shape):
+                raise ValueError(f"{where}: {len(names)} logical names {names} for a "
+                                 f"{len(shape)}-d array of shape {shape}")
+            _check_known(names, rules, where)
+            spec = nn.logical_to_mesh_axes(names, rules)
+        else:
+            names, shape, spec = None, tuple(np.shape(leaf)), P()
+        check_divisible(where, shape, spec, mesh, names)
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(one, abstract, is_leaf=_is_box)
+
+
+def logical_sharding(mesh: Mesh, names: Sequence[Optional[str]],
+                     rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """The NamedSharding of one array with the given logical dimension names."""
+    rules = validate_rules(rules, mesh)
+    _check_known(names, rules, f"array {tuple(names)}")
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(names), rules))
+
+
+def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """Sharding of input batches: dimension 0 over the ``batch`` rule (data, fsdp)."""
+    return logical_sharding(mesh, ("batch",), rules)
+
+
+def init_sharded(init_fn: Callable[..., Any], rng: jax.Array, *args: Any, mesh: Mesh,
+                 rules: Rules = DEFAULT_RULES) -> tuple[Any, Any]:
+    """Initialises directly into sharded arrays; returns (unboxed params, their shardings).
+
+    ``init_fn(rng, *args)`` returns a tree with logical-partitioning boxes, e.g.
+    ``model.init``. No full copy of the parameters ever lives on one device.
+    """
+    with sharding_context(mesh, rules):
+        abstract = jax.eval_shape(init_fn, rng, *args)
+        shardings = param_shardings(abstract, mesh, rules)
+        init = jax.jit(lambda r, *a: nn.meta.unbox(init_fn(r, *a)), out_shardings=shardings)
+        params = init(rng, *args)
+    return params, shardings
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, params: Any,
+                        shardings: Any) -> Any:
+    """Shardings for ``tx.init(params)``: moments shaped like their parameter inherit its
+    sharding; anything else (step counts, Adafactor's factored row/column statistics) is
+    replicated. Use as ``jax.jit(tx.init, out_shardings=...)`` (never ``device_put``)."""
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    replicated = NamedSharding(mesh, P())
+    abstract = jax.eval_shape(tx.init, params)
+
+    def pick(leaf, sharding, param):
+        return sharding if tuple(np.shape(leaf)) == tuple(np.shape(param)) else replicated
+
+    return optax.tree_map_params(tx, pick, abstract, shardings, params,
+                                 transform_non_params=lambda _: replicated)

@@ -1,0 +1,291 @@
+"""The training loop: one jitted, donated, sharded step; metrics; checkpoints; resume.
+
+Resume is exact: the dropout rng of step s is fold_in(seed, s), the data iterator state is
+saved with the model, and a restarted run re-enters the loop at the saved step, so it
+computes bit-for-bit what an uninterrupted run would (on CPU).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import signal
+import time
+from typing import Any, Callable, Dict, Iterator, Optional
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from t2t.data.pipeline import to_global_arrays
+from t2t.models.base import Model
+from t2t.train import flops as flops_lib
+from t2t.train import partitioning
+from t2t.train.checkpoints import Checkpointer
+from t2t.train.logging import MetricsLogger
+from t2t.train.optimizers import accumulate_gradients
+
+_log = logging.getLogger(__name__)
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How long, how often, where."""
+
+    model_dir: str
+    train_steps: int = 1000
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    async_checkpoint: bool = True
+    num_microbatches: int = 1
+    eval_every: int = 0          # 0: no periodic evaluation
+    eval_steps: int = 10
+    peak_flops: Optional[float] = None  # per device; None: the datasheet value if known
+    progress_bar: bool = True
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf; the last checkpoint (if any) predates it."""
+
+
+class Trainer:
+    """Builds the sharded state and the compiled steps for one model on one mesh."""
+
+    def __init__(self, model: Model, tx: optax.GradientTransformation, mesh,
+                 config: TrainConfig, schedule: Optional[Callable] = None,
+                 rules=partitioning.DEFAULT_RULES):
+        self.model, self.tx, self.mesh, self.config = model, tx, mesh, config
+        self.schedule, self.rules = schedule, rules
+        self.replicated = NamedSharding(mesh, P())
+        self.state_shardings = None
+        self._train_step = self._eval_step = None
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, example_batch: Dict[str, np.ndarray]) -> TrainState:
+        """Parameters and optimizer state, created directly in their shardings."""
+        rng = jax.random.PRNGKey(self.config.seed)
+        shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in example_batch.items()}
+        params, param_shardings = partitioning.init_sharded(
+            lambda r: self.model.init(r, _zeros(shapes)), rng, mesh=self.mesh, rules=self.rules)
+        opt_shardings = partitioning.opt_state_shardings(self.tx, params, param_shardings)
+        with partitioning.sharding_context(self.mesh, self.rules):
+            opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(params)
+            step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=self.replicated)()
+        self.state_shardings = TrainState(self.replicated, param_shardings, opt_shardings)
+        return TrainState(step, params, opt_state)
+
+    def abstract_state(self, state: TrainState):
+        return jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+            self.state_shardings)
+
+    # ------------------------------------------------------------------ steps
+    def _compile(self):
+        model, tx, cfg, schedule = self.model, self.tx, self.config, self.schedule
+        base_rng = jax.random.PRNGKey(cfg.seed + 1)
+
+        def train_step(state: TrainState, batch):
+            rng = jax.random.fold_in(base_rng, state.step)
+            grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
+            (loss, metrics), grads = accumulate_gradients(
+                grad_fn, state.params, batch, rng, cfg.num_microbatches,
+                weight_fn=model.loss_weight)
+            metrics = _reduce_microbatch_metrics(metrics)
+            metrics["loss"] = loss
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            metrics["grad_norm"] = optax.tree.norm(grads)
+            if schedule is not None:
+                metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+            return TrainState(state.step + 1, params, opt_state), metrics
+
+        def eval_step(params, batch):
+            return model.loss_fn(params, batch, None)[1]
+
+        s = self.state_shardings
+        self._train_step = jax.jit(train_step, in_shardings=(s, None),
+                                   out_shardings=(s, self.replicated), donate_argnums=(0,))
+        self._eval_step = jax.jit(eval_step, in_shardings=(s.params, None),
+                                  out_shardings=self.replicated)
+
+    def train_step(self, state: TrainState, batch) -> tuple[TrainState, Dict[str, jax.Array]]:
+        if self._train_step is None:
+            self._compile()
+        with partitioning.sharding_context(self.mesh, self.rules):
+            return self._train_step(state, self.global_batch(batch))
+
+    def eval_step(self, params, batch) -> Dict[str, jax.Array]:
+        if self._eval_step is None:
+            self._compile()
+        with partitioning.sharding_context(self.mesh, self.rules):
+            return self._eval_step(params, self.global_batch(batch))
+
+    def global_batch(self, batch: Dict[str, np.ndarray]):
+        """Process-local numpy rows -> global arrays sharded over (data, fsdp)."""
+        spec = partitioning.batch_sharding(self.mesh, self.rules).spec
+        return to_global_arrays(batch, self.mesh, spec)
+
+    def evaluate(self, params, batches: Iterator[Dict[str, np.ndarray]], steps: int):
+        """Mean of eval metrics over up to `steps` batches (num_tokens summed)."""
+        totals: Dict[str, float] = {}
+        n = 0
+        for batch in batches:
+            if n == steps:
+                break
+            for k, v in jax.device_get(self.eval_step(params, batch)).items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            n += 1
+        return {k: (v if k == "num_tokens" else v / max(n, 1)) for k, v in totals.items()}
+
+
+def _zeros(shapes):
+    return {k: jnp.zeros(s.shape, s.dtype) for k, s in shapes.items()}
+
+
+def _reduce_microbatch_metrics(metrics):
+    """aux comes back [num_microbatches, ...]: sum counts, average the rest."""
+    return {k: (jnp.sum(v) if k == "num_tokens" else jnp.mean(v)) for k, v in metrics.items()}
+
+
+def _batch_geometry(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, int]:
+    """Lengths that the FLOP formula needs, read off a (process-local) batch."""
+    geometry = {}
+    if "encoder_input_tokens" in batch:
+        geometry["input_length"] = batch["encoder_input_tokens"].shape[1]
+    if "decoder_input_tokens" in batch:
+        geometry["target_length"] = batch["decoder_input_tokens"].shape[1]
+    if "masked_positions" in batch:
+        geometry["num_masked"] = batch["masked_positions"].shape[1]
+    return geometry
+
+
+class _Preemption:
+    """Turns SIGTERM (a preempted TPU VM) into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    step: int
+    state: TrainState
+    history: list            # logged metric dicts
+    stopped_by: str          # "done" | "preempted"
+
+
+def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Iterator]] = None,
+        config_str: str = "") -> TrainResult:
+    """Train to `config.train_steps`, resuming from the model dir's latest checkpoint.
+
+    `train_data` is a resumable iterator (get_state/set_state) of process-local numpy
+    batches; `eval_data_fn()` returns a fresh eval iterator.
+    """
+    cfg = trainer.config
+    data_state0 = train_data.get_state()
+    example = next(train_data)
+    train_data.set_state(data_state0)
+    state = trainer.init_state(example)
+
+    ckpt = Checkpointer(f"{cfg.model_dir}/checkpoints", keep=cfg.keep_checkpoints,
+                        async_save=cfg.async_checkpoint)
+    start = ckpt.latest_step()
+    if start is not None:
+        state, data_state = ckpt.restore(start, trainer.abstract_state(state))
+        if data_state is not None:
+            train_data.set_state(data_state)
+        _log.info("resumed from step %d", start)
+    start = start or 0
+
+    family = trainer.model.family
+    geometry = _batch_geometry(family, example)
+    global_rows = example[next(iter(example))].shape[0] * jax.process_count()
+    step_flops = flops_lib.step_flops(trainer.model.config, family, global_rows, **geometry)
+    tokens_per_step = global_rows * sum(v for k, v in geometry.items() if k != "num_masked")
+    peak = cfg.peak_flops or flops_lib.peak_flops_per_device()
+    peak_total = None if peak is None else peak * jax.device_count()
+
+    logger = MetricsLogger(cfg.model_dir, total_steps=cfg.train_steps, every_n=cfg.log_every,
+                           initial_step=start, progress_bar=cfg.progress_bar)
+    history = []
+    stopped_by = "done"
+    pending = None                     # (step, loss) checked one step late: no sync stall
+    interval_start, interval_steps = time.perf_counter(), 0
+    with _Preemption() as preemption, logger:
+        step = start
+        while step < cfg.train_steps:
+            batch = next(train_data)
+            state, metrics = trainer.train_step(state, batch)
+            step += 1
+            interval_steps += 1
+            if pending is not None:
+                _check_finite(*pending)
+            pending = (step, metrics["loss"])
+
+            if logger.should_log(step) or step == cfg.train_steps:
+                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                _check_finite(step, values["loss"])
+                elapsed = time.perf_counter() - interval_start
+                step_time = elapsed / interval_steps
+                values.update(step_time=step_time, tokens_per_s=tokens_per_step / step_time,
+                              perplexity=math.exp(min(values["loss"], 50.0)))
+                if peak_total:
+                    values["mfu"] = flops_lib.mfu(step_flops, step_time, peak_total)
+                logger.log(step, values, force=True)
+                history.append({"step": step, **values})
+                interval_start, interval_steps = time.perf_counter(), 0
+
+            if cfg.eval_every and eval_data_fn is not None and step % cfg.eval_every == 0:
+                ev = trainer.evaluate(state.params, eval_data_fn(), cfg.eval_steps)
+                logger.log(step, {f"eval/{k}": v for k, v in ev.items()}, force=True)
+                history.append({"step": step, **{f"eval/{k}": v for k, v in ev.items()}})
+
+            checkpoint_now = step % cfg.checkpoint_every == 0 or step == cfg.train_steps
+            if checkpoint_now or preemption.requested:
+                _check_finite(step, metrics["loss"])
+                ckpt.save(step, state, data_state=train_data.get_state(), config_str=config_str,
+                          force=True)
+            if preemption.requested:
+                stopped_by = "preempted"
+                _log.warning("SIGTERM: saved step %d, exiting", step)
+                break
+    ckpt.wait()
+    ckpt.close()
+    return TrainResult(step, state, history, stopped_by)
+
+
+def _check_finite(step: int, loss) -> None:
+    value = float(loss)
+    if not math.isfinite(value):
+        raise NonFiniteLossError(f"loss is {value} at step {step}; stopping. The last "
+                                 "checkpoint predates it.")

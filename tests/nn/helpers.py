@@ -1,0 +1,28 @@
+"""Tiny configs and init helpers shared by the nn tests."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t2t.nn.config import TransformerConfig
+
+T5_TINY = TransformerConfig(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48,
+                            num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0)
+BERT_TINY = T5_TINY.replace(norm_type="layer", norm_eps=1e-12, pre_norm=False, use_bias=True,
+                            position_embedding="learned", max_length=64, type_vocab_size=2,
+                            embedding_norm=True, mlp_activations=("gelu",), kernel_init="normal",
+                            num_decoder_layers=0)
+GPT_TINY = BERT_TINY.replace(pre_norm=True, norm_eps=1e-5, mlp_activations=("gelu_tanh",),
+                             type_vocab_size=0, embedding_norm=False, num_encoder_layers=0,
+                             num_decoder_layers=2)
+
+
+def tokens(key, shape, vocab=64, low=1):
+    return jax.random.randint(jax.random.PRNGKey(key), shape, low, vocab)
+
+
+def init(module, *args, **kwargs):
+    return nn.unbox(module.init(jax.random.PRNGKey(0), *args, **kwargs)["params"])
+
+
+def max_diff(a, b):
+    return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))

@@ -1,0 +1,81 @@
+"""FLOP formula against numbers worked out by hand for a tiny config."""
+import types
+
+import pytest
+
+from t2t.nn.config import TransformerConfig
+from t2t.train import flops
+
+# d=8, A = 2 heads × 4 = 8, F=16, gated (g=2), V=100, 2 encoder / 3 decoder layers.
+CFG = TransformerConfig(vocab_size=100, d_model=8, num_heads=2, head_dim=4, d_ff=16,
+                        num_encoder_layers=2, num_decoder_layers=3,
+                        mlp_activations=("gelu_tanh", "linear"))
+# Matmul params per layer: q,k,v,o 4·8·8 = 256; MLP wi_0, wi_1, wo 3·8·16 = 384 → N = 640.
+PER_TOKEN_LAYER_FWD = 2 * 640  # 1280
+
+
+def test_decoder_only_by_hand():
+    parts = flops.forward_flops_breakdown(CFG, "gpt", target_length=10)
+    assert parts["dense"] == 3 * 10 * 1280            # 38400
+    assert parts["attention"] == 3 * 4 * 10 * 10 * 8 / 2  # 4800, causal half
+    assert parts["logits"] == 2 * 8 * 100 * 10        # 16000
+    assert flops.step_flops(CFG, "decoder", 4, target_length=10) == 3 * 4 * 59200
+    full = flops.forward_flops_breakdown(CFG, "decoder", target_length=10, causal=False)
+    assert full["attention"] == 2 * parts["attention"]
+    assert full["dense"] == parts["dense"] and full["logits"] == parts["logits"]
+    # 6N per token for the dense part (2 fwd + 4 bwd).
+    per_tok = flops.train_flops_per_token(CFG, "decoder", target_length=10)
+    assert per_tok == pytest.approx(6 * 640 * 3 + 3 * (4800 + 16000) / 10)
+
+
+def test_encoder_mlm_logits_only_at_masked_positions():
+    parts = flops.forward_flops_breakdown(CFG, "bert", input_length=6, num_masked=2)
+    assert parts == {"dense": 2 * 6 * 1280,               # 15360
+                     "attention": 2 * 4 * 6 * 6 * 8,       # 2304, bidirectional
+                     "logits": 2 * 8 * 100 * 2}            # 3200
+    every = flops.forward_flops_breakdown(CFG, "encoder", input_length=6)
+    assert every["logits"] == 2 * 8 * 100 * 6
+    # causal= is about decoder self-attention: the encoder ignores it.
+    assert flops.forward_flops_breakdown(CFG, "encoder", input_length=6,
+                                         causal=True)["attention"] == 2304
+
+
+def test_encoder_decoder_by_hand():
+    parts = flops.forward_flops_breakdown(CFG, "t5", input_length=6, target_length=4)
+    enc_dense, dec_dense = 2 * 6 * 1280, 3 * 4 * 1280
+    cross_dense = 3 * (2 * 2 * 8 * 8 * 4 + 2 * 2 * 8 * 8 * 6)  # q,o over T; k,v over S
+    assert parts["dense"] == enc_dense + dec_dense + cross_dense == 38400
+    enc_attn = 2 * 4 * 6 * 6 * 8                  # 2304
+    dec_attn = 3 * 4 * 4 * 4 * 8 / 2              # 768 (causal)
+    cross_attn = 3 * 4 * 4 * 6 * 8                # 2304 (never causal)
+    assert parts["attention"] == enc_attn + dec_attn + cross_attn == 5376
+    assert parts["logits"] == 2 * 8 * 100 * 4
+    assert flops.tokens_per_example("t5", 6, 4) == 10
+    assert flops.train_flops_per_token(CFG, "t5", input_length=6, target_length=4) == \
+        pytest.approx(3 * (38400 + 5376 + 6400) / 10)
+    bidir = flops.forward_flops_breakdown(CFG, "t5", input_length=6, target_length=4,
+                                          causal=False)
+    assert bidir["attention"] - parts["attention"] == 768
+
+
+def test_albert_factorised_embedding_and_plain_mlp():
+    cfg = CFG.replace(embedding_dim=4, mlp_activations=("gelu",))
+    parts = flops.forward_flops_breakdown(cfg, "encoder", input_length=6)
+    per_layer = 2 * (4 * 8 * 8 + 2 * 8 * 16)       # plain MLP: wi, wo
+    assert parts["dense"] == 2 * 6 * per_layer + 2 * 4 * 8 * 6
+    assert parts["logits"] == 2 * 4 * 100 * 6 + 2 * 8 * 4 * 6
+
+
+def test_errors_mfu_and_peaks():
+    with pytest.raises(ValueError, match="needs input_length and target_length"):
+        flops.step_flops(CFG, "t5", 1, input_length=6)
+    with pytest.raises(ValueError, match="unknown family 'lstm'"):
+        flops.step_flops(CFG, "lstm", 1, input_length=6)
+    assert flops.mfu(1e12, 2.0, 1e12) == 0.5
+    with pytest.raises(ValueError):
+        flops.mfu(1.0, 0.0, 1.0)
+    dev = lambda kind: types.SimpleNamespace(device_kind=kind)  # noqa: E731
+    assert flops.peak_flops_per_device(dev("TPU v5 lite")) == 197e12
+    assert flops.peak_flops_per_device(dev("TPU v5p")) == 459e12
+    assert flops.peak_flops_per_device(dev("NVIDIA H100 80GB HBM3")) == 989e12
+    assert flops.peak_flops_per_device(dev("cpu")) is None
