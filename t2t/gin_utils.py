@@ -52,7 +52,7 @@ def _suggest(message: str) -> Optional[str]:
     """'Did you mean ...' for gin's unknown-configurable and unknown-parameter errors."""
     m = re.search(r"No configurable matching '([^']+)'", message)
     if m:
-        names = sorted({sel.split(".")[-1] for sel in gin.config._REGISTRY.matching_selectors("")})
+        names = sorted({sel.split(".")[-1] for sel, _ in gin.config._REGISTRY.items()})
         close = difflib.get_close_matches(m.group(1).split(".")[-1], names, n=3)
         return f"Did you mean: {', '.join(close)}?" if close else None
     m = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)

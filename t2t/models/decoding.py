@@ -247,9 +247,10 @@ def _encoder_decoder(model, params, batch, rng, strategy, max_decode_length, eos
                            method=EncoderDecoder.encode)               # [b, in_len, d]
 
     def make_cache(rows):   # zeros sized [rows, max_decode_length]; only shapes matter
-        return module.apply(variables, jnp.zeros((rows,) + encoded.shape[1:], encoded.dtype),
-                            jnp.zeros((rows, max_decode_length), jnp.int32),
-                            decode=True, mutable=["cache"], method=EncoderDecoder.decode)[1]["cache"]
+        _, state = module.apply(variables, jnp.zeros((rows,) + encoded.shape[1:], encoded.dtype),
+                                jnp.zeros((rows, max_decode_length), jnp.int32), decode=True,
+                                mutable=["cache"], method=EncoderDecoder.decode)
+        return state["cache"]
 
     def logits_fn_for(rep: int) -> LogitsFn:
         enc = jnp.repeat(encoded, rep, axis=0)

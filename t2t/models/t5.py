@@ -24,7 +24,7 @@ class EncoderDecoderModel(Model):
         -> [batch, max_decode_length] (default: the width of `decoder_target_tokens`, else
         of `decoder_input_tokens`)."""
         if max_decode_length is None:
-            key = "decoder_target_tokens" if "decoder_target_tokens" in batch else "decoder_input_tokens"
-            max_decode_length = batch[key].shape[1]
+            targets = batch.get("decoder_target_tokens", batch.get("decoder_input_tokens"))
+            max_decode_length = targets.shape[1]
         return super().predict(params, batch, max_decode_length=max_decode_length,
                                strategy=strategy, eos_id=eos_id, **options)

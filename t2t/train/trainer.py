@@ -137,8 +137,14 @@ class Trainer:
 
     def global_batch(self, batch: Dict[str, np.ndarray]):
         """Process-local numpy rows -> global arrays sharded over (data, fsdp)."""
-        spec = partitioning.batch_sharding(self.mesh, self.rules).spec
-        return to_global_arrays(batch, self.mesh, spec)
+        sharding = partitioning.batch_sharding(self.mesh, self.rules)
+        rows = next(iter(batch.values())).shape[0] * jax.process_count()
+        ways = int(np.prod([self.mesh.shape[a] for a in _axes(sharding.spec[0])]))
+        if rows % ways:
+            raise ValueError(f"global batch size {rows} is not divisible by the {ways} ways the "
+                             f"mesh splits the batch ({sharding.spec[0]}); change BATCH_SIZE "
+                             "or MeshConfig")
+        return to_global_arrays(batch, self.mesh, sharding.spec)
 
     def evaluate(self, params, batches: Iterator[Dict[str, np.ndarray]], steps: int):
         """Mean of eval metrics over up to `steps` batches (num_tokens summed)."""
@@ -151,6 +157,12 @@ class Trainer:
                 totals[k] = totals.get(k, 0.0) + float(v)
             n += 1
         return {k: (v if k == "num_tokens" else v / max(n, 1)) for k, v in totals.items()}
+
+
+def _axes(entry) -> tuple:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _zeros(shapes):

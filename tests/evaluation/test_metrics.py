@@ -22,7 +22,8 @@ def test_matthews_corrcoef_by_formula():
     preds = [1, 1, 1, 0, 0, 1, 0, 0]
     tp, tn, fp, fn = 3, 2, 1, 2
     mcc = (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    assert metrics.matthews_corrcoef(targets, preds)["matthews_corrcoef"] == pytest.approx(100 * mcc)
+    score = metrics.matthews_corrcoef(targets, preds)["matthews_corrcoef"]
+    assert score == pytest.approx(100 * mcc)
 
 
 def test_pearson_and_spearman():

@@ -118,3 +118,8 @@ def test_restoring_a_mismatched_checkpoint_names_the_parameter(tmp_path):
     bigger = make_model("t5", CFG.replace(vocab_size=128))
     with pytest.raises(ValueError, match=r"token_embedder/embedding.*\(64, 32\).*\(128, 32\)"):
         run(tmp_path, steps=2, model=bigger, data=RandomCopyData(vocab=60))
+
+
+def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="batch size 4 is not divisible by the 8 ways"):
+        run(tmp_path, steps=1, data=RandomCopyData(batch_size=4))
