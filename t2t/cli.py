@@ -61,14 +61,8 @@ def cmd_train(args) -> int:
     from t2t.train import distributed, experiment
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     gin_utils.parse(args.gin_file, args.gin + args.gin_bindings)
-    result = experiment.run()
-    print(f"stopped at step {result.step} ({result.stopped_by})")
+    experiment.run()
     return 0
-
-
-def cmd_data(args) -> int:
-    from t2t.data import builders
-    return builders.main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,15 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_processes", type=int)
     p.add_argument("--process_id", type=int)
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("data", help="build and list the offline datasets (t2t data --help)",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_data)
+    sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    bindings, rest = _gin_args(sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["data"]:  # its own argparse, --help included
+        from t2t.data import builders
+        return builders.main(argv[1:])
+    bindings, rest = _gin_args(argv)
     args = build_parser().parse_args(rest)
     args.gin_bindings = bindings
     return args.func(args)

@@ -16,3 +16,14 @@ jax.config.update("jax_compilation_cache_dir",
                   os.environ.get("T2T_JAX_CACHE", os.path.expanduser("~/.cache/t2t/jax_cache")))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+import gin  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gin_config():
+    """gin bindings are global: no test sees another test's."""
+    gin.clear_config()
+    yield
+    gin.clear_config()

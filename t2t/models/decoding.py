@@ -20,7 +20,7 @@ example alone.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -49,27 +49,34 @@ class BeamOutput(NamedTuple):
 
 
 # ------------------------------------------------------------------ logits filters
-def top_k_filter(logits: jax.Array, k: int) -> jax.Array:
-    """Keep the k largest logits of the last axis (ties at the k-th value kept); others -inf."""
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = lax.top_k(logits, k)[0][..., -1:]                        # [..., 1]
+def top_k_filter(logits: jax.Array, k: Union[int, jax.Array]) -> jax.Array:
+    """Keep the k largest logits of the last axis (ties at the k-th value kept), others
+    -inf; k <= 0 keeps all. k may be traced (one compiled loop for every k)."""
+    vocab = logits.shape[-1]
+    if isinstance(k, int):
+        if k <= 0 or k >= vocab:
+            return logits
+        kth = lax.top_k(logits, k)[0][..., -1:]                    # [..., 1]
+    else:
+        descending = -jnp.sort(-logits, axis=-1)
+        kth = jnp.take(descending, jnp.clip(k - 1, 0, vocab - 1), axis=-1)[..., None]
+        kth = jnp.where(k > 0, kth, NEG_INF)
     return jnp.where(logits >= kth, logits, NEG_INF)
 
 
-def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
+def top_p_filter(logits: jax.Array, p: Union[float, jax.Array]) -> jax.Array:
     """Nucleus filter: keep the smallest set of most likely tokens whose mass is >= p.
 
     A token is kept when the mass of the tokens sorted before it is < p (so the top token
-    is always kept); tokens tied with the last kept one are kept too.
+    is always kept); tokens tied with the last kept one are kept too. p >= 1 keeps all.
     """
-    if p >= 1.0:
+    if isinstance(p, (int, float)) and p >= 1.0:
         return logits
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]           # descending
-    probs = jax.nn.softmax(sorted_logits.astype(jnp.float32), axis=-1)
+    descending = -jnp.sort(-logits, axis=-1)
+    probs = jax.nn.softmax(descending.astype(jnp.float32), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = mass_before < p
-    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    keep = (mass_before < p) | (p >= 1.0)
+    cutoff = jnp.min(jnp.where(keep, descending, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(logits >= cutoff, logits, NEG_INF)
 
 
@@ -121,12 +128,13 @@ def sample(logits_fn: LogitsFn, first_logits: jax.Array, cache: Cache, rng: jax.
            max_decode_length: int, eos_id: Optional[int] = 1, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0) -> DecodeOutput:
     """Ancestral sampling from softmax(logits / temperature), optionally top-k and/or
-    nucleus (top-p) filtered; step i uses `fold_in(rng, i)`. temperature 0 is greedy."""
+    nucleus (top-p) filtered; step i uses `fold_in(rng, i)`. temperature 0 is greedy.
+    The options (and eos_id) may be traced values."""
     def choose(logits, i):
-        if temperature == 0.0:
-            return jnp.argmax(logits, axis=-1)
-        logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
-        return jax.random.categorical(jax.random.fold_in(rng, i), logits, axis=-1)
+        t = jnp.asarray(temperature, jnp.float32)
+        scaled = top_p_filter(top_k_filter(logits / jnp.where(t > 0, t, 1.0), top_k), top_p)
+        drawn = jax.random.categorical(jax.random.fold_in(rng, i), scaled, axis=-1)
+        return jnp.where(t > 0, drawn, jnp.argmax(logits, axis=-1))
 
     return _sampling_loop(logits_fn, first_logits, cache, choose, max_decode_length, eos_id)
 
@@ -223,22 +231,23 @@ def cache_batch_axes(make_cache: Callable[[int], Cache], batch: int) -> Any:
 
 def _run_strategy(strategy: str, logits_fn_for: Callable[[int], LogitsFn],
                   first_logits: jax.Array, cache: Cache, axes_fn: Callable[[], Any],
-                  rng: jax.Array, max_decode_length: int, eos_id: Optional[int],
-                  options: Mapping[str, Any]):
+                  rng: jax.Array, knobs: Mapping[str, jax.Array], max_decode_length: int,
+                  beam_size: int):
+    """knobs: traced eos_id and the strategy's options (no recompiles when they change)."""
+    knobs = dict(knobs)
+    eos_id = knobs.pop("eos_id")
     if strategy == "greedy":
         return greedy(logits_fn_for(1), first_logits, cache,
-                      max_decode_length=max_decode_length, eos_id=eos_id, **options)
+                      max_decode_length=max_decode_length, eos_id=eos_id)
     if strategy == "sample":
         return sample(logits_fn_for(1), first_logits, cache, rng,
-                      max_decode_length=max_decode_length, eos_id=eos_id, **options)
-    beam = options.get("beam_size", 4)
-    return beam_search(logits_fn_for(beam), first_logits, cache,
+                      max_decode_length=max_decode_length, eos_id=eos_id, **knobs)
+    return beam_search(logits_fn_for(beam_size), first_logits, cache,
                        max_decode_length=max_decode_length, cache_batch_axes=axes_fn(),
-                       eos_id=eos_id, **options)
+                       beam_size=beam_size, eos_id=eos_id, **knobs)
 
 
-def _encoder_decoder(model, params, batch, rng, strategy, max_decode_length, eos_id,
-                     options):
+def _encoder_decoder(model, params, batch, rng, knobs, strategy, max_decode_length, beam_size):
     module, variables = model.module, {"params": params}
     enc_tokens = batch["encoder_input_tokens"]                        # [b, in_len]
     enc_seg, enc_pos = batch.get("encoder_segment_ids"), batch.get("encoder_positions")
@@ -266,8 +275,8 @@ def _encoder_decoder(model, params, batch, rng, strategy, max_decode_length, eos
     # Step 0 feeds the start token 0 at slot 0.
     first_logits, cache = logits_fn_for(1)(jnp.zeros((b,), jnp.int32), make_cache(b), 0)
     return _run_strategy(strategy, logits_fn_for, first_logits, cache,
-                         lambda: cache_batch_axes(make_cache, 1), rng, max_decode_length,
-                         eos_id, options)
+                         lambda: cache_batch_axes(make_cache, 1), rng, knobs,
+                         max_decode_length, beam_size)
 
 
 def _left_pad(x: jax.Array, offset: jax.Array) -> jax.Array:
@@ -276,7 +285,7 @@ def _left_pad(x: jax.Array, offset: jax.Array) -> jax.Array:
     return jnp.where(src >= 0, jnp.take_along_axis(x, jnp.maximum(src, 0), axis=1), 0)
 
 
-def _decoder_only(model, params, batch, rng, strategy, max_decode_length, eos_id, options):
+def _decoder_only(model, params, batch, rng, knobs, strategy, max_decode_length, beam_size):
     module = model.module
     prompt = batch["decoder_input_tokens"]                            # [b, P]
     lengths = jnp.clip(batch["prompt_lengths"], 1, prompt.shape[1]).astype(jnp.int32)  # [b]
@@ -310,15 +319,15 @@ def _decoder_only(model, params, batch, rng, strategy, max_decode_length, eos_id
         return logits_fn
 
     return _run_strategy(strategy, logits_fn_for, first_logits, state["cache"],
-                         lambda: cache_batch_axes(make_cache, 1), rng, max_decode_length,
-                         eos_id, options)
+                         lambda: cache_batch_axes(make_cache, 1), rng, knobs,
+                         max_decode_length, beam_size)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "strategy", "max_decode_length",
-                                             "eos_id", "options"))
-def _decode_jit(model, params, batch, rng, *, strategy, max_decode_length, eos_id, options):
+                                             "beam_size"))
+def _decode_jit(model, params, batch, rng, knobs, *, strategy, max_decode_length, beam_size):
     run = _encoder_decoder if model.family == "t5" else _decoder_only
-    return run(model, params, batch, rng, strategy, max_decode_length, eos_id, dict(options))
+    return run(model, params, batch, rng, knobs, strategy, max_decode_length, beam_size)
 
 
 def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
@@ -336,21 +345,28 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
     `decoder_segment_ids > 0`, else the full width. Decoder-only models return only the
     generated continuation. Packed (several examples per row) batches are not supported.
 
-    strategy: "greedy"; "sample" with options temperature, top_k, top_p (seeded by `rng`,
-    default PRNGKey(0)); "beam" with options beam_size (4), alpha (0.6).
-    eos_id None never stops early. return_aux=True returns (tokens, aux) where aux has
-    "steps" (positions decoded before the loop stopped) and, for beam search, "beams"
-    [batch, beam, length] and "scores" [batch, beam].
+    strategy: "greedy"; "sample" with options temperature (1.0), top_k (0: off), top_p
+    (1.0: off), seeded by `rng` (default PRNGKey(0)); "beam" with options beam_size (4),
+    alpha (0.6). eos_id None never stops early. One compiled loop per model, strategy,
+    length and beam size: eos_id and the other options are traced, so changing them does
+    not recompile. return_aux=True returns (tokens, aux): aux["steps"] is the number of
+    positions decoded before the loop stopped; beam search adds aux["beams"]
+    [batch, beam, length] and aux["scores"] [batch, beam], best first.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown decoding strategy {strategy!r}; choose one of {STRATEGIES}")
     if max_decode_length < 1:
         raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
-    allowed = {"greedy": set(), "sample": {"temperature", "top_k", "top_p"},
-               "beam": {"beam_size", "alpha"}}[strategy]
-    if set(options) - allowed:
-        raise TypeError(f"strategy {strategy!r} takes options {sorted(allowed)}, "
+    defaults = {"greedy": {}, "sample": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+                "beam": {"beam_size": 4, "alpha": 0.6}}[strategy]
+    if set(options) - set(defaults):
+        raise TypeError(f"strategy {strategy!r} takes options {sorted(defaults)}, "
                         f"got {sorted(options)}")
+    knobs = {**defaults, **options}
+    beam_size = int(knobs.pop("beam_size", 1))
+    knobs = {k: jnp.asarray(v, jnp.int32 if k == "top_k" else jnp.float32)
+             for k, v in knobs.items()}
+    knobs["eos_id"] = jnp.int32(-1 if eos_id is None else eos_id)  # -1: never stops
     if model.family == "t5":
         keys = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
         inputs = {k: jnp.asarray(batch[k]) for k in keys if k in batch}
@@ -359,9 +375,8 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
     else:
         raise ValueError(f"decode supports the 't5' and 'gpt' families, not {model.family!r}")
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    out = _decode_jit(model, params, inputs, rng, strategy=strategy,
-                      max_decode_length=int(max_decode_length), eos_id=eos_id,
-                      options=tuple(sorted(options.items())))
+    out = _decode_jit(model, params, inputs, rng, knobs, strategy=strategy,
+                      max_decode_length=int(max_decode_length), beam_size=beam_size)
     if not return_aux:
         return out.tokens
     aux = {"steps": out.steps}

@@ -8,42 +8,40 @@ import jax.numpy as jnp
 from t2t.nn.config import TransformerConfig
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm over the last axis with learned scale and bias."""
-
-    eps: float = 1e-12
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        features = x.shape[-1]
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                           (features,), self.param_dtype)
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                          (features,), self.param_dtype)
-        x = x.astype(jnp.float32)
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + self.eps)
-        return (y * scale + bias).astype(self.dtype)
-
-
-class RMSNorm(nn.Module):
-    """T5's LayerNorm: no mean subtraction, no bias; x / rms(x) * scale."""
+class _Norm(nn.Module):
+    """x / rms(x) * scale over the last axis; `center` subtracts the mean and adds a bias."""
 
     eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    center = False  # class constant, not a field
+
+    def _param(self, name, init, features):
+        return self.param(name, nn.with_logical_partitioning(init, ("embed",)), (features,),
+                          self.param_dtype)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         features = x.shape[-1]
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                           (features,), self.param_dtype)
+        scale = self._param("scale", nn.initializers.ones, features)
         x = x.astype(jnp.float32)
-        var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-        return (x * jax.lax.rsqrt(var + self.eps) * scale).astype(self.dtype)
+        if self.center:
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps) * scale
+        if self.center:
+            y = y + self._param("bias", nn.initializers.zeros, features)
+        return y.astype(self.dtype)
+
+
+class LayerNorm(_Norm):
+    """LayerNorm with learned scale and bias (BERT eps 1e-12, GPT-2 1e-5)."""
+
+    eps: float = 1e-12
+    center = True
+
+
+class RMSNorm(_Norm):
+    """T5's LayerNorm: no mean subtraction, no bias (eps 1e-6)."""
 
 
 def make_norm(config: TransformerConfig, name: str) -> nn.Module:

@@ -20,16 +20,10 @@ PyTree = Any
 STATE, DATA, CONFIG = "state", "data", "config"
 
 
-def _path_str(path) -> str:
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return "/".join(parts)
+
+
+def _path(path) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
 def abstract_state(tree: PyTree, shardings: PyTree) -> PyTree:
@@ -43,7 +37,7 @@ def _as_abstract(target: PyTree) -> PyTree:
         if isinstance(x, jax.Array):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         if not isinstance(x, jax.ShapeDtypeStruct) or x.sharding is None:
-            raise ValueError(f"restore target {_path_str(path)!r} must be a "
+            raise ValueError(f"restore target {_path(path)!r} must be a "
                              f"jax.ShapeDtypeStruct with a sharding (or a jax.Array), got "
                              f"{x!r}")
         return x
@@ -63,7 +57,7 @@ def check_compatible(stored: PyTree, target: PyTree, *, check_dtypes: bool = Tru
     has. ``stored`` is orbax metadata (leaves with .shape/.dtype), ``target`` abstract."""
     def flat(tree):
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-        return {_path_str(p): x for p, x in leaves}
+        return {_path(p): x for p, x in leaves}
 
     have, want = flat(stored), flat(target)
     problems = []

@@ -13,6 +13,7 @@ from typing import Dict, Optional
 
 import gin
 import jax
+import numpy as np
 
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
@@ -116,4 +117,41 @@ def run() -> TrainResult:
     if jax.process_index() == 0:
         with open(os.path.join(model_dir, "config.gin"), "w") as f:
             f.write(config_str)
-    return fit(exp.trainer, exp.data(), config_str=config_str)
+    result = fit(exp.trainer, exp.data(), config_str=config_str)
+    if jax.process_index() == 0:
+        print(summary(exp, result))
+    return result
+
+
+def example_prediction(exp: Experiment, params, index: int = 0) -> Optional[Dict[str, str]]:
+    """The model's greedy output for the first example made from source record `index`
+    (e.g. a span-corrupted verse), decoded to text; None for families without decoding."""
+    if exp.trainer.model.family == "bert" or isinstance(exp.task, tasks_lib.Mixture):
+        return None
+    seed = (exp.trainer.config.seed, 0, index)
+    examples = exp.task.preprocess(exp.task.source[index], seed, exp.converter.lengths)
+    if not examples:
+        return None
+    single = type(exp.converter)(exp.converter.lengths, pack=False)
+    batch = single([examples[0]], num_rows=1)
+    tokens = exp.trainer.model.predict(params, batch,
+                                       max_decode_length=exp.converter.lengths["targets"])
+    vocab = exp.task.vocabulary
+    text = lambda ids: vocab.decode([int(t) for t in ids])  # noqa: E731
+    return {"inputs": text(examples[0].get("inputs", [])), "targets": text(examples[0]["targets"]),
+            "prediction": text(np.asarray(tokens)[0])}
+
+
+def summary(exp: Experiment, result: TrainResult) -> str:
+    """Loss at the first and last logged steps, and one decoded example."""
+    logged = [h for h in result.history if "loss" in h]
+    lines = [f"stopped at step {result.step} ({result.stopped_by})"]
+    if logged:
+        first, last = logged[0], logged[-1]
+        lines.append(f"loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} "
+                     f"at step {last['step']} (accuracy {first.get('accuracy', 0):.3f} -> "
+                     f"{last.get('accuracy', 0):.3f})")
+    example = example_prediction(exp, result.state.params)
+    if example:
+        lines += [f"{k:>10}: {v}" for k, v in example.items()]
+    return "\n".join(lines)

@@ -80,11 +80,6 @@ def make_schedule(name: str, **kwargs: Any) -> Schedule:
 # ----------------------------------------------------------------------------- optimizers
 
 
-def _key_name(k: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
 
 
 def decay_mask(params: PyTree, no_decay_names: Sequence[str] = ("bias", "scale"),
@@ -99,7 +94,7 @@ def decay_mask(params: PyTree, no_decay_names: Sequence[str] = ("bias", "scale")
     modules = tuple(m.lower() for m in no_decay_modules)
 
     def one(path, _):
-        names = [_key_name(k) for k in path]
+        names = jax.tree_util.keystr(path, simple=True, separator="/").split("/")
         if names and names[-1] in no_decay_names:
             return False
         return not any(m in n.lower() for n in names[:-1] for m in modules)

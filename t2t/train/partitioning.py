@@ -230,16 +230,6 @@ def sharding_context(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]
 # ----------------------------------------------------------------------------- shardings
 
 
-def _path_str(path) -> str:
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return "/".join(parts)
 
 
 def _is_box(x: Any) -> bool:
@@ -272,7 +262,7 @@ def param_shardings(abstract: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
     rules = validate_rules(rules, mesh)
 
     def one(path, leaf):
-        where = _path_str(path)
+        where = jax.tree_util.keystr(path, simple=True, separator="/")
         if _is_box(leaf):
             names, shape = tuple(leaf.names), tuple(leaf.value.shape)
             if len(names) != len(shape):

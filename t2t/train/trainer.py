@@ -264,7 +264,7 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
                 _check_finite(*pending)
             pending = (step, metrics["loss"])
 
-            if logger.should_log(step) or step == cfg.train_steps:
+            if logger.should_log(step) or step in (start + 1, cfg.train_steps):
                 values = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 _check_finite(step, values["loss"])
                 elapsed = time.perf_counter() - interval_start

@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from t2t.convert import hf as convert  # noqa: E402
 from t2t.models.bert import BertModel, hidden_states  # noqa: E402
+from tests.convert.helpers import perturb  # noqa: E402
 
 TOL = 1e-5
 
@@ -114,12 +115,6 @@ def test_minilm_round_trip(minilm, minilm_batch, tmp_path):
 
 
 # ----------------------------------------------------------------------------- tiny, with heads
-def _perturb(model, scale=0.1):
-    """HF inits biases to 0 and norms to 1; perturb every tensor so each one is checked."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +126,7 @@ def tiny_pretraining(tmp_path_factory):
         intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.2)
     model = transformers.BertForPreTraining(hf_config).eval()
-    _perturb(model)
+    perturb(model)
     path = str(tmp_path_factory.mktemp("bert_pretraining"))
     model.save_pretrained(path, safe_serialization=True)
     rng = np.random.RandomState(0)

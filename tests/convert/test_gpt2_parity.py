@@ -13,17 +13,12 @@ transformers = pytest.importorskip("transformers")
 
 from t2t.convert import hf as convert  # noqa: E402
 from t2t.nn.stacks import Decoder  # noqa: E402
+from tests.convert.helpers import perturb  # noqa: E402
 
 TOL = 1e-5
 VOCAB, B, LEN, N_POS = 100, 3, 40, 64
 
 
-def _perturb(model, scale=0.1):
-    """HF inits biases to 0 and norms to 1; perturb every tensor so each one is checked."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +29,7 @@ def hf_model(tmp_path_factory):
                                      n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      initializer_range=0.2)
     model = transformers.GPT2LMHeadModel(config).eval()
-    _perturb(model)
+    perturb(model)
     path = str(tmp_path_factory.mktemp("gpt2"))
     model.save_pretrained(path, safe_serialization=True)
     return model, path

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 from t2t.convert import hf as convert  # noqa: E402
 from t2t.nn.position import relative_position_bucket  # noqa: E402
 from t2t.nn.stacks import EncoderDecoder  # noqa: E402
+from tests.convert.helpers import perturb  # noqa: E402
 
 TOL = 1e-5
 VOCAB, B, IN_LEN, OUT_LEN = 100, 3, 48, 44
@@ -43,12 +44,6 @@ def _hf_config(**overrides):
     return transformers.T5Config(**kw)
 
 
-def _perturb(model, scale=0.1):
-    """HF inits biases to 0 and norms to 1; perturb every tensor so each one is checked."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +55,7 @@ def hf_models(tmp_path_factory):
         if name not in cache:
             torch.manual_seed(0)
             model = transformers.T5ForConditionalGeneration(_hf_config(**VARIANTS[name])).eval()
-            _perturb(model)
+            perturb(model)
             path = str(tmp_path_factory.mktemp(f"t5_{name}"))
             model.save_pretrained(path, safe_serialization=True)
             cache[name] = (model, path)

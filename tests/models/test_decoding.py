@@ -1,5 +1,7 @@
 """Decoding: cached strategies against full recomputation, filters, EOS, beam search, and a
 tiny encoder-decoder trained to copy its input."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,11 @@ from tests.nn.helpers import GPT_TINY, T5_TINY
 ENCDEC = T5_TINY.replace(tie_embeddings=False)
 GPT = GPT_TINY.replace(tie_embeddings=False)
 N = 7  # max_decode_length
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_score(model):
+    return jax.jit(model.score)
 
 
 def _init(model, batch, seed=0):
@@ -71,7 +78,7 @@ def _encdec_logprob(model, params, batch, seqs, eos):
         if e is not None:
             weights[r, e + 1:] = 0
     dec = np.concatenate([np.zeros((seqs.shape[0], 1), np.int32), seqs[:, :-1]], 1)
-    return np.asarray(model.score(params, {**batch, "decoder_input_tokens": dec,
+    return np.asarray(_jit_score(model)(params, {**batch, "decoder_input_tokens": dec,
                                            "decoder_target_tokens": seqs,
                                            "decoder_loss_weights": weights}))
 
@@ -205,7 +212,7 @@ def test_decoder_only_beam_scores_are_model_logprobs():
             rows[r, L:L + n] = beam[r]
             targets[r, L - 1:L - 1 + n] = beam[r]
             weights[r, L - 1:L - 1 + k] = 1
-        logp = np.asarray(model.score(params, {
+        logp = np.asarray(_jit_score(model)(params, {
             "decoder_input_tokens": rows, "decoder_causal_attention": prefix,
             "decoder_target_tokens": targets, "decoder_loss_weights": weights}))
         penalty = ((5.0 + weights.sum(1)) / 6.0) ** alpha
@@ -214,19 +221,23 @@ def test_decoder_only_beam_scores_are_model_logprobs():
 
 
 # ------------------------------------------------------------- filters and loops
-def test_top_p_keeps_smallest_set_with_mass_at_least_p():
+@pytest.mark.parametrize("traced", [False, True])
+def test_top_p_keeps_smallest_set_with_mass_at_least_p(traced):
     probs = np.array([0.1, 0.5, 0.05, 0.2, 0.15])
     logits = jnp.log(jnp.asarray(probs))[None]
-    kept = lambda p: set(np.flatnonzero(np.isfinite(decoding.top_p_filter(logits, p)[0])))  # noqa
-    assert kept(0.3) == {1}                 # 0.5 >= 0.3
-    assert kept(0.6) == {1, 3}              # 0.5 + 0.2
-    assert kept(0.8) == {1, 3, 4}           # 0.85
-    assert kept(0.9) == {1, 3, 4, 0}        # 0.95
-    assert kept(0.99) == {0, 1, 2, 3, 4}
-    assert kept(1.0) == {0, 1, 2, 3, 4}
-    top2 = decoding.top_k_filter(logits, 2)[0]
-    assert set(np.flatnonzero(np.isfinite(top2))) == {1, 3}
-    np.testing.assert_allclose(top2[1], logits[0, 1])
+    top_p, top_k = decoding.top_p_filter, decoding.top_k_filter
+    if traced:  # options passed as traced values take the sort-based paths
+        top_p, top_k = jax.jit(top_p), jax.jit(top_k)
+    kept = lambda out: set(np.flatnonzero(np.isfinite(np.asarray(out)[0])))  # noqa: E731
+    assert kept(top_p(logits, 0.3)) == {1}              # 0.5 >= 0.3
+    assert kept(top_p(logits, 0.6)) == {1, 3}           # 0.5 + 0.2
+    assert kept(top_p(logits, 0.8)) == {1, 3, 4}        # 0.85
+    assert kept(top_p(logits, 0.9)) == {1, 3, 4, 0}     # 0.95
+    assert kept(top_p(logits, 0.99)) == {0, 1, 2, 3, 4}
+    assert kept(top_p(logits, 1.0)) == {0, 1, 2, 3, 4}
+    assert kept(top_k(logits, 2)) == {1, 3}
+    assert kept(top_k(logits, 0)) == {0, 1, 2, 3, 4}
+    np.testing.assert_allclose(np.asarray(top_k(logits, 2))[0, 1], logits[0, 1])
 
 
 def _scripted_logits(script):
