@@ -141,6 +141,24 @@ _PEAK_BF16 = (
 )
 
 
+def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
+    """Measured matmul FLOP/s of one device: a jitted [size, size]² product in `dtype` with
+    float32 accumulation, best of `repeats`. The ceiling MFU is reported against on CPU."""
+    import time
+
+    import jax.numpy as jnp
+
+    a = jnp.ones((size, size), dtype)
+    f = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 / best
+
+
 def peak_flops_per_device(device: Optional[jax.Device] = None) -> Optional[float]:
     """Published dense bf16 peak of a known accelerator, or None (e.g. CPU)."""
     kind = (device or jax.devices()[0]).device_kind.lower()

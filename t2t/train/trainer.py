@@ -56,6 +56,7 @@ class TrainConfig:
     eval_every: int = 0          # 0: no periodic evaluation
     eval_steps: int = 10
     peak_flops: Optional[float] = None  # per device; None: the datasheet value if known
+    measure_peak: bool = False   # no datasheet value (CPU): measure a matmul at start-up
     progress_bar: bool = True
 
 
@@ -245,6 +246,9 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
     step_flops = flops_lib.step_flops(trainer.model.config, family, global_rows, **geometry)
     tokens_per_step = global_rows * sum(v for k, v in geometry.items() if k != "num_masked")
     peak = cfg.peak_flops or flops_lib.peak_flops_per_device()
+    if peak is None and cfg.measure_peak:
+        peak = flops_lib.measure_peak_flops(trainer.model.config.dtype)
+        _log.info("measured peak %.1f GFLOP/s per device", peak / 1e9)
     peak_total = None if peak is None else peak * jax.device_count()
 
     logger = MetricsLogger(cfg.model_dir, total_steps=cfg.train_steps, every_n=cfg.log_every,

@@ -79,3 +79,9 @@ def test_errors_mfu_and_peaks():
     assert flops.peak_flops_per_device(dev("TPU v5p")) == 459e12
     assert flops.peak_flops_per_device(dev("NVIDIA H100 80GB HBM3")) == 989e12
     assert flops.peak_flops_per_device(dev("cpu")) is None
+
+
+def test_measured_peak_is_a_plausible_rate():
+    from t2t.train.flops import measure_peak_flops
+    peak = measure_peak_flops("float32", size=256, repeats=2)
+    assert 1e8 < peak < 1e14

@@ -1,0 +1,534 @@
+"""Standard fine-tuning benchmarks as text-to-text tasks: T5's formats, the papers' metrics.
+
+Tasks are named after their TFDS builders (``glue/cola`` -> ``glue_cola``) and read them with
+``TfdsSource`` (ArrayRecord, no TensorFlow needed):
+
+* GLUE: cola (MCC), sst2, mrpc and qqp (F1 + accuracy), stsb (Pearson + Spearman), mnli
+  (all TFDS splits) with ``glue_mnli_matched`` / ``glue_mnli_mismatched`` (``validation``
+  and ``test`` mapped to the matched / mismatched sets), qnli, rte, wnli, and ax (MNLI
+  format, test split only, unlabelled: no metric, as in T5).
+* SuperGLUE: boolq, cb (accuracy + macro F1), copa, multirc (F1 over answers + exact match
+  per question), record (max-over-answers EM/F1, one example per answer), rte, wic, wsc
+  (``wsc.fixed``, spans marked with ``*``/``#``).
+* SQuAD v1.1 / v2.0 (``question: ... context: ...``, punctuation padded as T5; v2.0's
+  unanswerable questions target ``unanswerable``), EM/F1.
+* WMT14 en-de / en-fr, WMT16 en-ro (``translate English to German: ...``), BLEU (intl).
+* CNN/DailyMail (``summarize: ...``), ROUGE.
+
+Examples are ``{"inputs", "targets"}`` token ids (EOS appended) plus the strings
+(``inputs_pretokenized``, ``targets_pretokenized``) and what scoring needs (``label``,
+``answers``, ``group``); the feature converters read only ``inputs``/``targets``.
+T5's 32k vocabulary cannot be downloaded here, so nothing is registered at import: call
+``register_benchmark_tasks(vocabulary)`` with a vocabulary or a zero-argument factory.
+
+This module also holds what every fine-tuning task shares (``FinetuneTask``, the tokenizing
+step, label postprocessing, metric wrappers, ``classification_examples`` for BERT-style
+heads); ``t2t.data.offline`` builds on it.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import re
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sklearn import metrics as skm
+
+from t2t.data.preprocessors import SkipExample
+from t2t.data.sources import InvalidRecord, RandomAccessSource, TfdsSource
+from t2t.data.tasks import Task, get_task, register_task
+from t2t.evaluation import metrics
+
+SPLITS = ("train", "validation", "test")
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+class FinetuneTask(Task):
+    """A Task with named splits and what scoring needs.
+
+    ``split_source_fn(split)`` makes a split's source (``.source`` is the first split, so
+    mixtures train on it). ``postprocess_fn(text, example, is_target)`` maps a decoded
+    string (or the example's target string) to what the metrics compare: by default the
+    label id for tasks with ``label_names`` (-1 for an unknown string), else the text.
+    ``encoder_pair_fn(record) -> (text_a, text_b | None, label)`` makes the task usable by
+    BERT-style classifiers (``classification_examples``).
+    """
+
+    def __init__(self, name: str, split_source_fn: Callable[[str], RandomAccessSource],
+                 preprocessors: Sequence[Callable], vocabulary: Any = None,
+                 metric_fns: Sequence[Callable] = (), *, splits: Sequence[str] = SPLITS,
+                 postprocess_fn: Callable | None = None,
+                 label_names: Sequence[str] | None = None,
+                 encoder_pair_fn: Callable | None = None, description: str = ""):
+        self.splits = tuple(splits)
+        super().__init__(name, functools.partial(split_source_fn, self.splits[0]),
+                         preprocessors, vocabulary, metric_fns, description)
+        self.split_source_fn = split_source_fn
+        self.label_names = None if label_names is None else tuple(label_names)
+        if postprocess_fn is None and self.label_names is not None:
+            postprocess_fn = functools.partial(label_to_id, label_names=self.label_names)
+        self.postprocess_fn = postprocess_fn
+        self.encoder_pair_fn = encoder_pair_fn
+        self._sources: dict[str, RandomAccessSource] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_source": None, "_sources": {}}
+
+    @property
+    def source(self) -> RandomAccessSource:
+        return self.get_source(self.splits[0])
+
+    def get_source(self, split: str) -> RandomAccessSource:
+        """The source of one split (made on first use)."""
+        if split not in self.splits:
+            raise ValueError(f"task {self.name!r} has splits {list(self.splits)}, not {split!r}")
+        if split not in self._sources:
+            self._sources[split] = self.split_source_fn(split)
+        return self._sources[split]
+
+    def with_vocabulary(self, vocabulary: Any) -> FinetuneTask:
+        """A copy of this task that tokenizes with ``vocabulary``."""
+        task = copy.copy(self)
+        task._vocabulary, task._sources = vocabulary, dict(self._sources)
+        return task
+
+    def get_pipeline(self, converter, batch_size: int, seed: int, split: str | None = None,
+                     **kwargs):
+        """``Task.get_pipeline`` over ``split`` (default: the first split, ``train``)."""
+        from t2t.data.pipeline import make_pipeline
+        from t2t.data.tasks import _TaskFn
+
+        self.vocabulary
+        source = self.get_source(split or self.splits[0])
+        return make_pipeline(source, _TaskFn(self, converter.lengths), converter, batch_size,
+                             seed, **kwargs)
+
+    def examples(self, split: str, max_examples: int | None = None) -> list[dict]:
+        """The preprocessed examples of a split, in source order (for evaluation)."""
+        source, out = self.get_source(split), []
+        for i in range(len(source)):
+            record = source[i]
+            if isinstance(record, InvalidRecord):
+                continue
+            try:
+                out.extend(self.preprocess(record, (0, i)))
+            except SkipExample:
+                continue
+            if max_examples is not None and len(out) >= max_examples:
+                return out[:max_examples]
+        return out
+
+    def postprocess(self, text: Any, example: Mapping | None = None,
+                    is_target: bool = False) -> Any:
+        if self.postprocess_fn is None:
+            return text
+        return self.postprocess_fn(text, example, is_target)
+
+
+# ----------------------------------------------------------------------------- shared steps
+
+
+def text(value: Any) -> str:
+    """A TFDS/JSON text value (str, bytes, 0-d numpy array) as ``str``."""
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    if isinstance(value, (bytes, np.bytes_)):
+        return bytes(value).decode("utf-8")
+    return str(value)
+
+
+def texts(values: Any) -> list[str]:
+    """A sequence feature of texts (list or numpy array) as ``list[str]``."""
+    return [text(v) for v in np.asarray(values, dtype=object).reshape(-1)]
+
+
+def tokenize_text_to_text(example: Mapping[str, Any], *, vocabulary: Any) -> dict:
+    """``inputs``/``targets`` strings -> token ids + EOS; the strings stay as ``*_pretokenized``."""
+    out = {k: v for k, v in example.items() if k not in ("inputs", "targets")}
+    eos = [] if getattr(vocabulary, "eos_id", None) is None else [vocabulary.eos_id]
+    for key in ("inputs", "targets"):
+        out[f"{key}_pretokenized"] = example[key]
+        out[key] = np.asarray(list(vocabulary.encode(example[key])) + eos, np.int32)
+    return out
+
+
+def label_to_id(text_: Any, example: Mapping | None = None, is_target: bool = False, *,
+                label_names: Sequence[str]) -> int:
+    """T5's ``string_label_to_class_id``: the label's index, -1 for any other string."""
+    try:
+        return list(label_names).index(str(text_).strip())
+    except ValueError:
+        return -1
+
+
+def string_to_float(text_: Any, example: Mapping | None = None, is_target: bool = False, *,
+                    default: float = -1.0) -> float:
+    """STS-B: the predicted score, ``default`` if it is not a number."""
+    try:
+        return float(str(text_).strip())
+    except ValueError:
+        return default
+
+
+def squad_postprocess(text_: str, example: Mapping, is_target: bool = False) -> Any:
+    """Targets -> the example's list of gold answers; predictions as decoded."""
+    return list(example["answers"]) if is_target else text_
+
+
+def multirc_postprocess(text_: str, example: Mapping, is_target: bool = False, *,
+                        label_names: Sequence[str] = ("False", "True")) -> dict:
+    """``{"group": question, "value": label id}`` for the per-question metrics."""
+    return {"group": example["group"], "value": label_to_id(text_, label_names=label_names)}
+
+
+def record_postprocess(text_: str, example: Mapping, is_target: bool = False) -> dict:
+    """``{"group": query, "value": gold answers | prediction}`` (deduplicated when scored)."""
+    value = (list(example["answers"]) or [text_]) if is_target else text_
+    return {"group": example["group"], "value": value}
+
+
+def pair_fields(record: Mapping, *, fields: Sequence[str], label_type: type = int
+                ) -> tuple[str, str | None, Any]:
+    """``encoder_pair_fn`` for records with one or two text fields and a ``label``."""
+    second = text(record[fields[1]]) if len(fields) > 1 else None
+    return text(record[fields[0]]), second, label_type(record["label"])
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def f1_with_invalid(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
+    """Binary F1 of label 1 where an invalid prediction (-1) counts as wrong (as T5)."""
+    t = np.asarray(targets, int)
+    p = np.asarray(predictions, int)
+    p = np.where((p == 0) | (p == 1), p, 1 - t)
+    return metrics.f1(t, p)
+
+
+def macro_f1(targets: Sequence[int], predictions: Sequence[int], *,
+             num_classes: int) -> dict[str, float]:
+    """Mean of the per-class F1s (CB) over the classes ``0..num_classes-1`` that occur in
+    targets or predictions; an invalid prediction (-1) is never right."""
+    seen = set(targets) | set(predictions)
+    labels = [c for c in range(num_classes) if c in seen]
+    score = skm.f1_score(list(targets), list(predictions), labels=labels, average="macro",
+                         zero_division=0)
+    return {"f1_macro": 100.0 * float(score)}
+
+
+def multirc_f1a(targets: Sequence[dict], predictions: Sequence[dict]) -> dict[str, float]:
+    """MultiRC F1a: binary F1 over all answer options."""
+    return {"f1a": f1_with_invalid([t["value"] for t in targets],
+                                   [p["value"] for p in predictions])["f1"]}
+
+
+def multirc_em(targets: Sequence[dict], predictions: Sequence[dict]) -> dict[str, float]:
+    """MultiRC EM: the fraction of questions whose every answer option is right."""
+    right: dict[Any, bool] = {}
+    for t, p in zip(targets, predictions):
+        right[t["group"]] = right.get(t["group"], True) and t["value"] == p["value"]
+    return {"em": 100.0 * float(np.mean(list(right.values()))) if right else 0.0}
+
+
+def record_squad(targets: Sequence[dict], predictions: Sequence[dict]) -> dict[str, float]:
+    """ReCoRD: SQuAD EM/F1 (max over gold answers), one prediction per query."""
+    seen: dict[Any, tuple] = {}
+    for t, p in zip(targets, predictions):
+        seen.setdefault(t["group"], (t["value"], p["value"]))
+    golds, preds = zip(*seen.values()) if seen else ((), ())
+    return metrics.squad(list(golds), list(preds))
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+def glue_format(record: Mapping, *, benchmark: str, feature_names: Sequence[str],
+                label_names: Sequence[str]) -> dict:
+    """T5's ``glue``: ``"<benchmark> <key>: <text> ..."`` -> the label's name (``<unk>`` if -1)."""
+    fields = {k: text(record[k]) for k in feature_names}
+    if benchmark == "multirc":  # T5 strips MultiRC's HTML markup
+        fields["paragraph"] = re.sub(r"<(/)?b>", "", fields["paragraph"].replace("<br>", " "))
+    parts = [benchmark]
+    for key in feature_names:
+        parts += [f"{key}:", fields[key]]
+    label = int(record["label"])
+    out = {"inputs": " ".join(parts), "targets": "<unk>" if label == -1 else label_names[label],
+           "label": label}
+    if benchmark == "multirc":
+        idx = record["idx"]
+        out["group"] = (int(idx["paragraph"]), int(idx["question"]))
+    return out
+
+
+def stsb_format(record: Mapping) -> dict:
+    """T5's ``stsb``: the similarity score rounded to the nearest 0.2, as ``"3.8"``."""
+    label = float(record["label"])
+    inputs = f"stsb sentence1: {text(record['sentence1'])} sentence2: {text(record['sentence2'])}"
+    return {"inputs": inputs, "targets": f"{np.round(label * 5) / 5:.1f}", "label": label}
+
+
+def _mark_span(text_: str, span: str, index: int, mark: str) -> str:
+    pattern = r"^((?:\S+\s){%d})(%s)" % (index, re.escape(span))
+    return re.sub(pattern, lambda m: f"{m.group(1)}{mark} {m.group(2)} {mark}", text_, count=1)
+
+
+def wsc_format(record: Mapping, *, label_names: Sequence[str] = ("False", "True")) -> dict:
+    """T5's ``wsc``: the noun in ``*`` and the pronoun in ``#`` -> ``True``/``False``."""
+    i1, i2 = int(record["span1_index"]), int(record["span2_index"])
+    marked = _mark_span(text(record["text"]), text(record["span1_text"]), i1, "*")
+    marked = _mark_span(marked, text(record["span2_text"]), i2 + 2 * (i1 < i2), "#")
+    label = int(record["label"])
+    return {"inputs": f"wsc text: {marked}",
+            "targets": "<unk>" if label == -1 else label_names[label], "label": label}
+
+
+def record_format(record: Mapping) -> list[dict]:
+    """T5's ``record``: one example per gold answer (``<unk>`` if none), entities listed."""
+    passage = re.sub(r"(\.|\?|\!|\"|\')\n@highlight\n", r"\1 ", text(record["passage"]))
+    passage = re.sub(r"\n@highlight\n", ". ", passage)
+    inputs = (f"record query: {text(record['query'])} entities: "
+              f"{', '.join(texts(record['entities']))} passage: {passage}")
+    answers = texts(record["answers"])
+    idx = record["idx"]
+    group = (int(idx["passage"]), int(idx["query"]))
+    return [{"inputs": inputs, "targets": answer, "answers": answers, "group": group}
+            for answer in (answers or ["<unk>"])]
+
+
+def pad_punctuation(text_: str) -> str:
+    """T5's ``_pad_punctuation``: spaces around every non-word character, then collapsed."""
+    return re.sub(r"\s+", " ", re.sub(r"(\W)", r" \1 ", text_, flags=re.ASCII))
+
+
+UNANSWERABLE = "unanswerable"
+
+
+def squad_format(record: Mapping) -> dict:
+    """T5's ``squad``: ``question: q context: c`` -> the first answer; every answer kept."""
+    answers = [pad_punctuation(a) for a in texts(record["answers"]["text"])]
+    if bool(record.get("is_impossible", False)) or not answers:
+        answers = [UNANSWERABLE]
+    inputs = " ".join(["question:", pad_punctuation(text(record["question"])), "context:",
+                       pad_punctuation(text(record["context"]))])
+    return {"inputs": inputs, "targets": answers[0], "answers": answers}
+
+
+def translate_format(record: Mapping, *, source: str, target: str) -> dict:
+    """T5's ``translate``: ``translate English to German: <en>`` -> ``<de>``."""
+    prompt = f"translate {LANGUAGES[source]} to {LANGUAGES[target]}: "
+    return {"inputs": prompt + text(record[source]), "targets": text(record[target])}
+
+
+def summarize_format(record: Mapping, *, article_key: str = "article",
+                     summary_key: str = "highlights", prefix: str = "summarize: ") -> dict:
+    """T5's ``summarize``: ``summarize: <article>`` -> the summary."""
+    return {"inputs": prefix + text(record[article_key]), "targets": text(record[summary_key])}
+
+
+LANGUAGES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian",
+             "es": "Spanish", "it": "Italian", "ru": "Russian", "ja": "Japanese",
+             "zh": "Chinese", "pt": "Portuguese"}
+
+
+# ----------------------------------------------------------------------------- TFDS sources
+
+
+def _super_glue_without_tensorflow() -> None:
+    """TFDS's ``SuperGlue._info`` names ``tf.int32`` (its only TensorFlow use); without
+    TensorFlow that lazy import fails, so the module gets numpy's identical dtype."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        return
+    from tensorflow_datasets.text import super_glue
+
+    if not isinstance(getattr(super_glue, "tf", None), types.SimpleNamespace):
+        super_glue.tf = types.SimpleNamespace(int32=np.int32)
+
+
+def tfds_source(name: str, split: str, *, data_dir: str | None = None,
+                split_map: Mapping[str, str] | None = None) -> TfdsSource:
+    """``TfdsSource(name, split)`` with task splits renamed by ``split_map``."""
+    if name.startswith("super_glue"):
+        _super_glue_without_tensorflow()
+    return TfdsSource(name, (split_map or {}).get(split, split), data_dir=data_dir)
+
+
+# ----------------------------------------------------------------------------- the tables
+
+MNLI_LABELS = ("entailment", "neutral", "contradiction")
+_accuracy = metrics.accuracy
+_F1_ACC = (f1_with_invalid, metrics.accuracy)
+
+# name: (T5 feature order, BERT sentence A/B fields, label names (TFDS order), metrics)
+GLUE: dict[str, tuple] = {
+    "cola": (("sentence",), ("sentence",), ("unacceptable", "acceptable"),
+             (metrics.matthews_corrcoef,)),
+    "sst2": (("sentence",), ("sentence",), ("negative", "positive"), (_accuracy,)),
+    "mrpc": (("sentence1", "sentence2"), ("sentence1", "sentence2"),
+             ("not_equivalent", "equivalent"), _F1_ACC),
+    "qqp": (("question1", "question2"), ("question1", "question2"),
+            ("not_duplicate", "duplicate"), _F1_ACC),
+    "mnli": (("hypothesis", "premise"), ("premise", "hypothesis"), MNLI_LABELS, (_accuracy,)),
+    "qnli": (("question", "sentence"), ("question", "sentence"),
+             ("entailment", "not_entailment"), (_accuracy,)),
+    "rte": (("sentence1", "sentence2"), ("sentence1", "sentence2"),
+            ("entailment", "not_entailment"), (_accuracy,)),
+    "wnli": (("sentence1", "sentence2"), ("sentence1", "sentence2"),
+             ("not_entailment", "entailment"), (_accuracy,)),
+    "ax": (("hypothesis", "premise"), ("premise", "hypothesis"), MNLI_LABELS, ()),
+}
+_MNLI_SPLITS = ("train", "validation_matched", "validation_mismatched", "test_matched",
+                "test_mismatched")
+
+SUPER_GLUE: dict[str, tuple] = {
+    "boolq": (("passage", "question"), ("question", "passage"), ("False", "True"),
+              (_accuracy,)),
+    "cb": (("hypothesis", "premise"), ("premise", "hypothesis"),
+           ("entailment", "contradiction", "neutral"),
+           (_accuracy, functools.partial(macro_f1, num_classes=3))),
+    "copa": (("choice1", "choice2", "premise", "question"), None, ("choice1", "choice2"),
+             (_accuracy,)),
+    "multirc": (("question", "answer", "paragraph"), None, ("False", "True"),
+                (multirc_f1a, multirc_em)),
+    "rte": (("hypothesis", "premise"), ("premise", "hypothesis"),
+            ("entailment", "not_entailment"), (_accuracy,)),
+    "wic": (("sentence1", "sentence2", "word"), None, ("False", "True"), (_accuracy,)),
+}
+
+# task name: (TFDS name, source language, target language)
+TRANSLATION = {"wmt14_ende": ("wmt14_translate/de-en", "en", "de"),
+               "wmt14_enfr": ("wmt14_translate/fr-en", "en", "fr"),
+               "wmt16_enro": ("wmt16_translate/ro-en", "en", "ro")}
+
+
+def benchmark_tasks(vocabulary: Any, data_dir: str | None = None) -> list[FinetuneTask]:
+    """Every standard benchmark task, tokenizing with ``vocabulary`` (object or factory)."""
+    tok = tokenize_text_to_text
+    source = functools.partial(functools.partial, tfds_source, data_dir=data_dir)
+    tasks = []
+    for name, (features, pair, labels, metric_fns) in GLUE.items():
+        benchmark = "mnli" if name == "ax" else name
+        fmt = functools.partial(glue_format, benchmark=benchmark, feature_names=features,
+                                label_names=labels)
+        variants = {f"glue_{name}": (source(f"glue/{name}"),
+                                     ("test",) if name == "ax" else SPLITS)}
+        if name == "mnli":
+            variants = {"glue_mnli": (source("glue/mnli"), _MNLI_SPLITS)}
+            for kind in ("matched", "mismatched"):
+                split_map = {"validation": f"validation_{kind}", "test": f"test_{kind}"}
+                variants[f"glue_mnli_{kind}"] = (
+                    functools.partial(tfds_source, "glue/mnli", data_dir=data_dir,
+                                      split_map=split_map), ("validation", "test"))
+        for task_name, (source_fn, splits) in variants.items():
+            tasks.append(FinetuneTask(
+                task_name, source_fn, [fmt, tok], vocabulary, metric_fns, splits=splits,
+                label_names=labels,
+                encoder_pair_fn=functools.partial(pair_fields, fields=pair),
+                description=f"GLUE {name} (T5 format)"))
+    tasks.append(FinetuneTask(
+        "glue_stsb", source("glue/stsb"), [stsb_format, tok], vocabulary,
+        (metrics.pearson, metrics.spearman), postprocess_fn=string_to_float,
+        encoder_pair_fn=functools.partial(pair_fields, fields=("sentence1", "sentence2"),
+                                          label_type=float),
+        description="GLUE STS-B: the score rounded to 0.2, as text"))
+
+    for name, (features, pair, labels, metric_fns) in SUPER_GLUE.items():
+        fmt = functools.partial(glue_format, benchmark=name, feature_names=features,
+                                label_names=labels)
+        post = (functools.partial(multirc_postprocess, label_names=labels)
+                if name == "multirc" else None)
+        tasks.append(FinetuneTask(
+            f"super_glue_{name}", source(f"super_glue/{name}"), [fmt, tok], vocabulary,
+            metric_fns, label_names=labels, postprocess_fn=post,
+            encoder_pair_fn=None if pair is None else functools.partial(pair_fields,
+                                                                         fields=pair),
+            description=f"SuperGLUE {name} (T5 format)"))
+    tasks.append(FinetuneTask(
+        "super_glue_record", source("super_glue/record"), [record_format, tok], vocabulary,
+        (record_squad,), postprocess_fn=record_postprocess,
+        description="SuperGLUE ReCoRD: one example per answer; EM/F1 once per query"))
+    tasks.append(FinetuneTask(
+        "super_glue_wsc", source("super_glue/wsc.fixed"), [wsc_format, tok], vocabulary,
+        (_accuracy,), label_names=("False", "True"),
+        description="SuperGLUE WSC (wsc.fixed), spans marked as T5"))
+
+    for version in ("v1.1", "v2.0"):
+        tasks.append(FinetuneTask(
+            f"squad_{version.replace('.', '_')}", source(f"squad/{version}"),
+            [squad_format, tok], vocabulary, (metrics.squad,), splits=("train", "validation"),
+            postprocess_fn=squad_postprocess,
+            description=f"SQuAD {version}: question: ... context: ... -> answer"))
+    for name, (tfds_name, src, tgt) in TRANSLATION.items():
+        tasks.append(FinetuneTask(
+            name, source(tfds_name),
+            [functools.partial(translate_format, source=src, target=tgt), tok], vocabulary,
+            (metrics.bleu,), description=f"{tfds_name} {src}->{tgt}, BLEU (intl)"))
+    tasks.append(FinetuneTask(
+        "cnn_dailymail", source("cnn_dailymail"), [summarize_format, tok], vocabulary,
+        (metrics.rouge,), description="CNN/DailyMail summarize: article -> highlights, ROUGE"))
+    return tasks
+
+
+def register_benchmark_tasks(vocabulary: Any, data_dir: str | None = None,
+                             overwrite: bool = False) -> list[str]:
+    """Registers ``benchmark_tasks(vocabulary, data_dir)``; returns their names."""
+    tasks = benchmark_tasks(vocabulary, data_dir)
+    for task in tasks:
+        register_task(task, overwrite=overwrite)
+    return [t.name for t in tasks]
+
+
+# ----------------------------------------------------------------------------- BERT features
+
+
+def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """BERT's ``_truncate_seq_pair`` in closed form: trim the longer side (b on ties)."""
+    if len_a + len_b <= budget:
+        return len_a, len_b
+    a = min(len_a, max(budget - len_b, (budget + 1) // 2))
+    return a, min(len_b, budget - a)
+
+
+def classification_examples(task: str | FinetuneTask, split: str, vocabulary: Any,
+                            max_length: int, max_examples: int | None = None
+                            ) -> dict[str, np.ndarray]:
+    """A classification task's split as BERT encoder features (numpy).
+
+    ``[CLS] a [SEP] (b [SEP])`` with WordPiece ``vocabulary``, longest-first truncation to
+    ``max_length``: ``encoder_input_tokens``, ``encoder_segment_ids`` (1 on tokens),
+    ``token_type_ids`` [n, max_length] int32 and ``label`` [n] int32 (``target`` [n]
+    float32 for a regression task such as STS-B).
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    if getattr(task, "encoder_pair_fn", None) is None:
+        raise ValueError(f"task {task.name!r} has no sentence-pair form for encoder models")
+    source = task.get_source(split)
+    n = len(source) if max_examples is None else min(len(source), max_examples)
+    pairs = [task.encoder_pair_fn(r) for r in (source[i] for i in range(n))
+             if not isinstance(r, InvalidRecord)]
+    a_ids = vocabulary.encode_batch([p[0] for p in pairs], add_special_tokens=False)
+    b_ids = vocabulary.encode_batch([p[1] or "" for p in pairs], add_special_tokens=False)
+    tokens = np.full((len(pairs), max_length), vocabulary.pad_id, np.int32)
+    types_ = np.zeros((len(pairs), max_length), np.int32)
+    segments = np.zeros((len(pairs), max_length), np.int32)
+    for row, ((_, b, _), a_tok, b_tok) in enumerate(zip(pairs, a_ids, b_ids)):
+        cls, sep = [vocabulary.cls_id], [vocabulary.sep_id]
+        if b is None:
+            ids, kinds = cls + a_tok[:max_length - 2] + sep, []
+        else:
+            la, lb = truncate_pair(len(a_tok), len(b_tok), max_length - 3)
+            ids = cls + a_tok[:la] + sep + b_tok[:lb] + sep
+            kinds = [0] * (la + 2) + [1] * (lb + 1)
+        tokens[row, :len(ids)] = ids
+        segments[row, :len(ids)] = 1
+        types_[row, :len(kinds)] = kinds
+    labels = [p[2] for p in pairs]
+    regression = any(isinstance(x, float) for x in labels)
+    return {"encoder_input_tokens": tokens, "encoder_segment_ids": segments,
+            "token_type_ids": types_, "target" if regression else "label":
+                np.asarray(labels, np.float32 if regression else np.int32)}

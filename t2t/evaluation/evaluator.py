@@ -1,0 +1,179 @@
+"""Task evaluation: predictions of a model on a task's split, scored by the task's metrics.
+
+Text-to-text (``t5`` and ``gpt`` families): the split's examples are batched unpacked,
+``model.predict`` decodes (greedy unless told otherwise), the tokens are detokenized, and
+targets and predictions go through the task's ``postprocess`` (a label string -> its id,
+-1 when unknown) before its ``metric_fns``. Encoder classifiers (``bert`` family, whose
+``predict`` returns label ids [batch], or values for a regressor) get
+``classification_examples`` features and their outputs are compared directly. ``write_results`` saves ``metrics.json`` and ``results.md``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from t2t.data.benchmarks import FinetuneTask, classification_examples
+from t2t.data.converters import EncDecConverter
+from t2t.data.tasks import get_task
+
+
+def apply_metrics(task: FinetuneTask, targets: Sequence[Any], predictions: Sequence[Any]
+                  ) -> dict[str, float]:
+    """Every metric fn of the task on (postprocessed) targets and predictions, merged."""
+    scores: dict[str, float] = {}
+    for fn in task.metric_fns:
+        scores.update({k: float(v) for k, v in fn(list(targets), list(predictions)).items()})
+    return scores
+
+
+def compute_metrics(task: FinetuneTask, examples: Sequence[Mapping],
+                    predictions: Sequence[str]) -> dict[str, float]:
+    """The task's metrics of decoded ``predictions`` against the examples' targets, both
+    through ``task.postprocess`` (a label string -> its id, -1 when unknown)."""
+    if len(examples) != len(predictions):
+        raise ValueError(f"{len(examples)} examples but {len(predictions)} predictions")
+    targets = [task.postprocess(ex["targets_pretokenized"], ex, is_target=True)
+               for ex in examples]
+    predictions = [task.postprocess(p, ex) for p, ex in zip(predictions, examples)]
+    return apply_metrics(task, targets, predictions)
+
+
+def _batches(n: int, batch_size: int):
+    for start in range(0, n, batch_size):
+        yield start, min(start + batch_size, n)
+
+
+def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """[n, ...] -> [rows, ...] with zero rows appended (one compiled shape for every batch)."""
+    pad = [(0, rows - len(array))] + [(0, 0)] * (array.ndim - 1)
+    return np.pad(array, pad)
+
+
+def _gpt_prompts(examples: Sequence[Mapping], width: int) -> dict[str, np.ndarray]:
+    """Prefix-LM prompts as in training: ``[0, inputs...]`` attended bidirectionally."""
+    tokens = np.zeros((len(examples), width), np.int32)
+    causal = np.zeros((len(examples), width), np.int32)
+    for row, ex in enumerate(examples):
+        prompt = np.concatenate([[0], np.asarray(ex["inputs"], np.int32)])[:width]
+        tokens[row, :len(prompt)] = prompt
+        causal[row, :len(prompt)] = 1
+    return {"decoder_input_tokens": tokens, "decoder_causal_attention": causal}
+
+
+def predict_texts(model, params, examples: Sequence[Mapping], vocabulary: Any, *,
+                  batch_size: int, max_decode_length: int | None = None,
+                  sequence_length: Mapping[str, int] | None = None,
+                  **decode_options) -> list[str]:
+    """Decoded predictions of a ``t5`` or ``gpt`` model for tokenized examples.
+
+    Inputs are cut to ``sequence_length["inputs"]`` (default: the longest); decoding runs
+    ``max_decode_length`` steps (default: ``sequence_length["targets"]``, else the longest
+    target). Every batch has ``batch_size`` rows, so one compiled shape serves them all.
+    """
+    if not examples:
+        return []
+    lengths = dict(sequence_length or {})
+    inputs_length = lengths.get("inputs") or max(len(ex["inputs"]) for ex in examples)
+    targets_length = lengths.get("targets") or max(len(ex["targets"]) for ex in examples)
+    max_decode_length = max_decode_length or targets_length
+    family = getattr(model, "family", "t5")
+    converter = EncDecConverter({"inputs": inputs_length, "targets": targets_length},
+                                pack=False)
+    out: list[str] = []
+    for start, stop in _batches(len(examples), batch_size):
+        chunk = examples[start:stop]
+        if family == "gpt":
+            batch = {k: _pad_rows(v, batch_size)
+                     for k, v in _gpt_prompts(chunk, inputs_length + 1).items()}
+        else:
+            batch = converter(chunk, num_rows=batch_size)
+        tokens = np.asarray(model.predict(params, batch, max_decode_length=max_decode_length,
+                                          **decode_options))
+        out.extend(vocabulary.decode(row) for row in tokens[:len(chunk)])
+    return out
+
+
+def predict_labels(model, params, features: Mapping[str, np.ndarray], *,
+                   batch_size: int) -> np.ndarray:
+    """Predictions [n] (label ids, or values for a regressor) of an encoder classifier over
+    ``classification_examples`` features."""
+    inputs = {k: v for k, v in features.items() if k not in ("label", "target")}
+    n = len(inputs["encoder_input_tokens"])
+    out = []
+    for start, stop in _batches(n, batch_size):
+        batch = {k: _pad_rows(v[start:stop], batch_size) for k, v in inputs.items()}
+        out.append(np.asarray(model.predict(params, batch)).reshape(-1)[:stop - start])
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def evaluate(model, params, task: str | FinetuneTask, split: str = "validation", *,
+             vocabulary: Any = None, batch_size: int = 32,
+             max_decode_length: int | None = None, max_examples: int | None = None,
+             sequence_length: Mapping[str, int] | None = None, max_length: int = 512,
+             **decode_options) -> dict[str, float]:
+    """Scores of ``model`` on ``task``'s ``split`` (first ``max_examples`` examples).
+
+    ``vocabulary``: for text-to-text models the one inputs are encoded and predictions
+    decoded with (default: the task's); for ``bert`` classifiers the WordPiece vocabulary
+    (required), with inputs cut to ``max_length``. ``decode_options`` go to
+    ``model.predict`` (``strategy="beam"``, ``beam_size=4``, ...).
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    if not task.metric_fns:
+        raise ValueError(f"task {task.name!r} has no metrics (an unlabelled split?)")
+    if getattr(model, "family", None) == "gpt" and hasattr(model, "num_classes"):
+        raise ValueError("decoder-only classifiers (LastTokenClassifier) are not supported; "
+                         "evaluate a bert classifier or a text-to-text model")
+    if getattr(model, "family", None) == "bert":
+        if vocabulary is None:
+            raise ValueError("a bert classifier needs its WordPiece `vocabulary`")
+        features = classification_examples(task, split, vocabulary, max_length, max_examples)
+        targets = features["label"] if "label" in features else features["target"]
+        predictions = predict_labels(model, params, features, batch_size=batch_size)
+        return apply_metrics(task, targets.tolist(), predictions.tolist())
+    if vocabulary is not None and vocabulary is not task._vocabulary:
+        task = task.with_vocabulary(vocabulary)
+    examples = task.examples(split, max_examples)
+    predictions = predict_texts(model, params, examples, task.vocabulary,
+                                batch_size=batch_size, max_decode_length=max_decode_length,
+                                sequence_length=sequence_length, **decode_options)
+    return compute_metrics(task, examples, predictions)
+
+
+def evaluate_tasks(model, params, tasks: Sequence[str | FinetuneTask], split: str = "validation",
+                   **kwargs) -> dict[str, dict[str, float]]:
+    """``evaluate`` over several tasks: ``{task name: metrics}``."""
+    out = {}
+    for task in tasks:
+        task = get_task(task) if isinstance(task, str) else task
+        out[task.name] = evaluate(model, params, task, split, **kwargs)
+    return out
+
+
+def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
+    """A markdown table: one row per task, one column per metric (first-seen order)."""
+    columns: list[str] = []
+    for scores in results.values():
+        columns += [k for k in scores if k not in columns]
+    lines = ["| task | " + " | ".join(columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for name, scores in results.items():
+        cells = [f"{scores[c]:.2f}" if c in scores else "-" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: Mapping[str, Mapping[str, float]],
+                  out_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """Writes ``metrics.json`` (all digits) and ``results.md`` (the table); their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "metrics.json", out / "results.md"
+    json_path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    md_path.write_text(results_table(results))
+    return json_path, md_path
