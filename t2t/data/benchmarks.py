@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 from sklearn import metrics as skm
 
+from t2t.data.converters import FeatureConverter
+from t2t.data.pipeline import BatchIterator, make_pipeline
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import InvalidRecord, RandomAccessSource, TfdsSource
-from t2t.data.tasks import Task, get_task, register_task
+from t2t.data.tasks import Task, _TaskFn, get_task, register_task
 from t2t.evaluation import metrics
 
 SPLITS = ("train", "validation", "test")
@@ -98,13 +100,10 @@ class FinetuneTask(Task):
         task._vocabulary, task._sources = vocabulary, dict(self._sources)
         return task
 
-    def get_pipeline(self, converter, batch_size: int, seed: int, split: str | None = None,
-                     **kwargs):
+    def get_pipeline(self, converter: FeatureConverter, batch_size: int, seed: int,
+                     split: str | None = None, **kwargs) -> BatchIterator:
         """``Task.get_pipeline`` over ``split`` (default: the first split, ``train``)."""
-        from t2t.data.pipeline import make_pipeline
-        from t2t.data.tasks import _TaskFn
-
-        self.vocabulary
+        self.vocabulary  # resolve once here, not in every worker
         source = self.get_source(split or self.splits[0])
         return make_pipeline(source, _TaskFn(self, converter.lengths), converter, batch_size,
                              seed, **kwargs)

@@ -3,15 +3,27 @@
 Text-to-text tasks (``FinetuneTask``, tokenized by default with the lazily built
 ``bible_sentencepiece``), registered at import; nothing is read or trained until used.
 
-| task | data | format | metrics | train / validation / test |
-|---|---|---|---|---|
-| bible_translate_en_es | bundled WEB x RV1909 verses | ``translate English to Spanish: <web>`` -> RV1909 | BLEU | 27,850 / 1,678 / 1,549 |
-| bible_paraphrase_kjv_web | bundled KJV x WEB verses | ``paraphrase sentence1: <kjv> sentence2: <web>`` -> ``paraphrase`` / ``not_paraphrase`` | accuracy, F1 | 55,730 / 3,360 / 3,100 |
-| bible_style_kjv_to_web | bundled KJV x WEB verses | ``modernize: <kjv>`` -> WEB | BLEU | 27,865 / 1,680 / 1,550 |
-| bbc_topic | ``t2t data build bbc`` | ``topic: <headline> <text>`` -> one of 5 categories | accuracy, macro F1 | 1,742 / 243 / 240 |
-| bbc_headline | ``t2t data build bbc`` | ``headline: <text>`` -> headline | ROUGE | 1,742 / 243 / 240 |
-| spam | ``t2t data build spam`` | ``spam subject: <s> text: <t>`` -> ``ham`` / ``spam`` | F1 (spam), accuracy | 4,814 / 588 / 644 |
-| gettext_en_de | ``t2t data build gettext_de`` | ``translate English to German: <en>`` -> de | BLEU | 18,120 / 2,262 / 2,196 |
+| task | data | metrics | train / validation / test |
+|---|---|---|---|
+| bible_translate_en_es | bundled WEB x RV1909 verses | BLEU | 27,850 / 1,678 / 1,549 |
+| bible_paraphrase_kjv_web | bundled KJV x WEB verses | accuracy, F1 | 55,730 / 3,360 / 3,100 |
+| bible_style_kjv_to_web | bundled KJV x WEB verses | BLEU | 27,865 / 1,680 / 1,550 |
+| bbc_topic | ``t2t data build bbc`` | accuracy, macro F1 | 1,742 / 243 / 240 |
+| bbc_headline | ``t2t data build bbc`` | ROUGE | 1,742 / 243 / 240 |
+| spam | ``t2t data build spam`` | F1 of spam, accuracy | 4,814 / 588 / 644 |
+| gettext_en_de | ``t2t data build gettext_de`` | BLEU | 18,120 / 2,262 / 2,196 |
+
+Formats (inputs -> targets):
+
+    bible_translate_en_es     translate English to Spanish: <WEB verse> -> <RV1909 verse>
+    bible_paraphrase_kjv_web  paraphrase sentence1: <KJV> sentence2: <WEB>
+                              -> paraphrase | not_paraphrase
+    bible_style_kjv_to_web    modernize: <KJV verse> -> <WEB verse>
+    bbc_topic                 topic: <headline> <text> -> business | entertainment |
+                              politics | sports | tech
+    bbc_headline              headline: <text> -> <headline>
+    spam                      spam subject: <subject> text: <text> -> ham | spam
+    gettext_en_de             translate English to German: <en> -> <de>
 
 (``gettext_en_{fr,es,it,ru,ja,zh,pt}`` likewise from ``gettext_<lang>``.) Bible verses go to
 train/validation/test by a seeded hash of the verse id (90/5/5, ``builders.split_of``), so

@@ -5,7 +5,8 @@ Text-to-text (``t5`` and ``gpt`` families): the split's examples are batched unp
 targets and predictions go through the task's ``postprocess`` (a label string -> its id,
 -1 when unknown) before its ``metric_fns``. Encoder classifiers (``bert`` family, whose
 ``predict`` returns label ids [batch], or values for a regressor) get
-``classification_examples`` features and their outputs are compared directly. ``write_results`` saves ``metrics.json`` and ``results.md``.
+``classification_examples`` features and their outputs are compared directly.
+``write_results`` saves ``metrics.json`` and a markdown table ``results.md``.
 """
 from __future__ import annotations
 
@@ -54,26 +55,32 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     return np.pad(array, pad)
 
 
-def _gpt_prompts(examples: Sequence[Mapping], width: int) -> dict[str, np.ndarray]:
-    """Prefix-LM prompts as in training: ``[0, inputs...]`` attended bidirectionally."""
-    tokens = np.zeros((len(examples), width), np.int32)
-    causal = np.zeros((len(examples), width), np.int32)
+def _gpt_prompts(examples: Sequence[Mapping], width: int, rows: int, prefix_lm: bool
+                 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Decoder-only prompts ``[0, inputs...]`` as in training: attended bidirectionally
+    (``decoder_causal_attention``) for a prefix LM, else given as ``prompt_lengths``."""
+    tokens = np.zeros((rows, width), np.int32)
+    lengths = np.ones(rows, np.int32)  # padding rows: a 1-token prompt
     for row, ex in enumerate(examples):
         prompt = np.concatenate([[0], np.asarray(ex["inputs"], np.int32)])[:width]
         tokens[row, :len(prompt)] = prompt
-        causal[row, :len(prompt)] = 1
-    return {"decoder_input_tokens": tokens, "decoder_causal_attention": causal}
+        lengths[row] = len(prompt)
+    if prefix_lm:
+        causal = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int32)
+        return {"decoder_input_tokens": tokens, "decoder_causal_attention": causal}, {}
+    return {"decoder_input_tokens": tokens}, {"prompt_lengths": lengths}
 
 
 def predict_texts(model, params, examples: Sequence[Mapping], vocabulary: Any, *,
                   batch_size: int, max_decode_length: int | None = None,
-                  sequence_length: Mapping[str, int] | None = None,
+                  sequence_length: Mapping[str, int] | None = None, prefix_lm: bool = True,
                   **decode_options) -> list[str]:
     """Decoded predictions of a ``t5`` or ``gpt`` model for tokenized examples.
 
     Inputs are cut to ``sequence_length["inputs"]`` (default: the longest); decoding runs
     ``max_decode_length`` steps (default: ``sequence_length["targets"]``, else the longest
     target). Every batch has ``batch_size`` rows, so one compiled shape serves them all.
+    A ``gpt`` model continues ``[0, inputs...]``, seen bidirectionally if ``prefix_lm``.
     """
     if not examples:
         return []
@@ -87,13 +94,13 @@ def predict_texts(model, params, examples: Sequence[Mapping], vocabulary: Any, *
     out: list[str] = []
     for start, stop in _batches(len(examples), batch_size):
         chunk = examples[start:stop]
+        extra: dict[str, Any] = {}
         if family == "gpt":
-            batch = {k: _pad_rows(v, batch_size)
-                     for k, v in _gpt_prompts(chunk, inputs_length + 1).items()}
+            batch, extra = _gpt_prompts(chunk, inputs_length + 1, batch_size, prefix_lm)
         else:
             batch = converter(chunk, num_rows=batch_size)
         tokens = np.asarray(model.predict(params, batch, max_decode_length=max_decode_length,
-                                          **decode_options))
+                                          **extra, **decode_options))
         out.extend(vocabulary.decode(row) for row in tokens[:len(chunk)])
     return out
 
@@ -115,13 +122,14 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
              vocabulary: Any = None, batch_size: int = 32,
              max_decode_length: int | None = None, max_examples: int | None = None,
              sequence_length: Mapping[str, int] | None = None, max_length: int = 512,
-             **decode_options) -> dict[str, float]:
+             prefix_lm: bool = True, **decode_options) -> dict[str, float]:
     """Scores of ``model`` on ``task``'s ``split`` (first ``max_examples`` examples).
 
     ``vocabulary``: for text-to-text models the one inputs are encoded and predictions
     decoded with (default: the task's); for ``bert`` classifiers the WordPiece vocabulary
-    (required), with inputs cut to ``max_length``. ``decode_options`` go to
-    ``model.predict`` (``strategy="beam"``, ``beam_size=4``, ...).
+    (required), with inputs cut to ``max_length``. ``prefix_lm``: whether a ``gpt`` model
+    sees its prompt bidirectionally (as T5's prefix LM) or causally. ``decode_options`` go
+    to ``model.predict`` (``strategy="beam"``, ``beam_size=4``, ...).
     """
     task = get_task(task) if isinstance(task, str) else task
     if not task.metric_fns:
@@ -141,7 +149,8 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
     examples = task.examples(split, max_examples)
     predictions = predict_texts(model, params, examples, task.vocabulary,
                                 batch_size=batch_size, max_decode_length=max_decode_length,
-                                sequence_length=sequence_length, **decode_options)
+                                sequence_length=sequence_length, prefix_lm=prefix_lm,
+                                **decode_options)
     return compute_metrics(task, examples, predictions)
 
 

@@ -1,7 +1,7 @@
 """gin-wired entry point of `t2t train`: builds model, data, optimizer and mesh from the
 operative gin config and runs `trainer.fit`.
 
-Macros the run configs use (as t5x): MODEL_DIR, TRAIN_STEPS, BATCH_SIZE, TASK,
+Macros the run configs use (as t5x): MODEL_DIR, TRAIN_STEPS, BATCH_SIZE, CORPUS, OBJECTIVE,
 TASK_FEATURE_LENGTHS, MODEL_FAMILY (set by configs/models/*).
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[st
     if task:
         return task
     if not (corpus and objective):
-        raise ValueError("bind train.task, or both train.corpus and train.objective")
+        raise ValueError("bind experiment.task, or both experiment.corpus and experiment.objective")
     return f"{corpus}_{OBJECTIVE_TASKS.get(objective, objective)}"
 
 
@@ -62,6 +62,12 @@ class Experiment:
     task: object                       # a registered Task or Mixture
     converter: conv.FeatureConverter
     batch_size: int
+    eval_task: Optional[object] = None
+
+    def eval_data(self):
+        """A fresh single pass over the eval task, unshuffled (every evaluation the same)."""
+        return self.eval_task.get_pipeline(self.converter, self.batch_size,
+                                           self.trainer.config.seed, shuffle=False, num_epochs=1)
 
     def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
         """This process's resumable iterator over the task (seeded by TrainConfig.seed)."""
@@ -73,10 +79,12 @@ class Experiment:
 def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                family: str = gin.REQUIRED, task: Optional[str] = None,
                corpus: Optional[str] = None, objective: Optional[str] = None,
-               converter: Optional[str] = None, pack: bool = True) -> Experiment:
+               converter: Optional[str] = None, pack: bool = True,
+               eval_task: Optional[str] = None) -> Experiment:
     """Model `family` (with the gin-bound TransformerConfig) on `task`, or on
-    `<corpus>_<objective>`. Optimizer and schedule come from gin bindings of
-    `make_optimizer` and `make_schedule` (see configs/runs/pretrain.gin)."""
+    `<corpus>_<objective>`; `eval_task` is evaluated every TrainConfig.eval_every steps.
+    Optimizer and schedule come from gin bindings of `make_optimizer` and `make_schedule`
+    (see configs/runs/pretrain.gin)."""
     train_cfg = TrainConfig()
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
@@ -100,7 +108,8 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
     lr = optimizers.make_schedule()
     tx = optimizers.make_optimizer(learning_rate=lr)
     trainer = Trainer(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
-    return Experiment(trainer, task_obj, feature_converter, batch_size)
+    return Experiment(trainer, task_obj, feature_converter, batch_size,
+                      tasks_lib.get_task(eval_task) if eval_task else None)
 
 
 def run() -> TrainResult:
@@ -117,7 +126,8 @@ def run() -> TrainResult:
     if jax.process_index() == 0:
         with open(os.path.join(model_dir, "config.gin"), "w") as f:
             f.write(config_str)
-    result = fit(exp.trainer, exp.data(), config_str=config_str)
+    result = fit(exp.trainer, exp.data(), config_str=config_str,
+                 eval_data_fn=exp.eval_data if exp.eval_task is not None else None)
     if jax.process_index() == 0:
         print(summary(exp, result))
     return result

@@ -127,24 +127,27 @@ class FakeGPT:
     family = "gpt"
 
     def __init__(self, answers):
-        self.answers = answers
+        self.answers, self.prefix_lm = answers, []
 
-    def predict(self, params, batch, *, max_decode_length, **options):
+    def predict(self, params, batch, *, max_decode_length, prompt_lengths=None, **options):
+        causal = batch.get("decoder_causal_attention")
+        self.prefix_lm.append(causal is not None)
+        lengths = causal.sum(1) if prompt_lengths is None else prompt_lengths
         out = np.zeros((len(batch["decoder_input_tokens"]), max_decode_length), np.int32)
-        for row, (tokens, prefix) in enumerate(zip(batch["decoder_input_tokens"],
-                                                   batch["decoder_causal_attention"])):
-            prompt = tuple(tokens[:int(prefix.sum())])
-            if prompt:
-                answer = self.answers[prompt]
-                out[row, :len(answer)] = answer
+        for row, (tokens, n) in enumerate(zip(batch["decoder_input_tokens"], lengths)):
+            answer = self.answers.get(tuple(tokens[:n]), [])
+            out[row, :len(answer)] = answer
         return out
 
 
 def test_decoder_only_models_continue_the_prompt(spm):
     task = spam_task(spm)
-    answers = {(0, *ex["inputs"]): ex["targets"] for ex in task.examples("test")}
-    assert evaluator.evaluate(FakeGPT(answers), None, task, "test", vocabulary=spm,
+    model = FakeGPT({(0, *ex["inputs"]): ex["targets"] for ex in task.examples("test")})
+    assert evaluator.evaluate(model, None, task, "test", vocabulary=spm,
                               batch_size=2) == {"f1": 100.0, "accuracy": 100.0}
+    assert evaluator.evaluate(model, None, task, "test", vocabulary=spm, batch_size=8,
+                              prefix_lm=False) == {"f1": 100.0, "accuracy": 100.0}
+    assert model.prefix_lm == [True, True, True, False]
 
 
 class FakeClassifier:

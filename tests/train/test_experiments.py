@@ -61,3 +61,14 @@ def test_string_flags_need_no_quotes():
     assert gin_utils.macro_binding("X", "'quoted'") == "X = 'quoted'"
     assert gin_utils.macro_binding("L", "{'inputs': 8}") == "L = {'inputs': 8}"
     assert gin_utils.macro_binding("F", "@make_schedule()") == "F = @make_schedule()"
+
+
+def test_periodic_evaluation_on_an_eval_task(tmp_path):
+    gin_utils.parse(["experiments/t5_tiny_bible.gin", TEST_MODEL["t5"]], [
+        f"MODEL_DIR = '{tmp_path}'", "TRAIN_STEPS = 2", "BATCH_SIZE = 8",
+        "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+        "experiment.eval_task = 'bible_web_iid_15_u_u'", "TrainConfig.eval_every = 2",
+        "TrainConfig.eval_steps = 2", "TrainConfig.progress_bar = False"])
+    result = experiment.run()
+    evals = [h for h in result.history if "eval/loss" in h]
+    assert len(evals) == 1 and evals[0]["step"] == 2 and evals[0]["eval/loss"] > 0
