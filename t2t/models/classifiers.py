@@ -251,21 +251,39 @@ class _FineTuningModel(Model):
         """Fresh parameters, or `init_from_pretrained` when built with `pretrained=`."""
         if self.pretrained is not None:
             return self.init_from_pretrained(rng, batch, self.pretrained)
-        return super().init(rng, batch)
+        return self.fresh_init(rng, batch)
+
+    def fresh_init(self, rng: jax.Array, batch: Batch) -> Params:
+        """Randomly initialised parameters (logically boxed)."""
+        return Model.init(self, rng, batch)
 
     def init_from_pretrained(self, rng: jax.Array, batch: Batch, pretrained_params: Params, *,
                              return_report: bool = False):
         """New heads initialised, every matching pretrained subtree copied (see
-        `merge_pretrained`); logs which. With `return_report`: (params, LoadReport)."""
-        params = Model.init(self, rng, batch)
+        `merge_pretrained`); logs which. With `return_report`: (params, LoadReport).
+
+        Runs under one `jax.jit` with the pretrained tree as an argument, so the discarded
+        initialisers of the copied parts are dead code (no compile or compute for them).
+        """
         prefix = self.pretrained_prefix
-        flat_keys = _flat(pretrained_params).keys()
-        if prefix and any(k[:len(prefix)] == prefix for k in flat_keys):
+        if prefix and any(k[:len(prefix)] == prefix for k in _flat(pretrained_params)):
             prefix = ()                   # already a tree of this model (a fine-tuned one)
-        params, report = merge_pretrained(params, pretrained_params, prefix=prefix,
-                                          required=self.required_modules)
-        _log.info("%s.init_from_pretrained: %s", type(self).__name__, report.summary())
-        return (params, report) if return_report else params
+        shapes = {k: (v.shape, v.dtype) for k, v in batch.items()}
+        reports: List[LoadReport] = []
+
+        def build(rng, pretrained):
+            zeros = {k: jnp.zeros(s, d) for k, (s, d) in shapes.items()}
+            merged, report = merge_pretrained(self.fresh_init(rng, zeros), pretrained,
+                                              prefix=prefix, required=self.required_modules)
+            reports.append(report)        # trace-time side output
+            return merged
+
+        pretrained_params = nn.unbox(pretrained_params)
+        if isinstance(pretrained_params, Mapping) and set(pretrained_params) == {"params"}:
+            pretrained_params = pretrained_params["params"]
+        params = jax.jit(build)(rng, pretrained_params)
+        _log.info("%s.init_from_pretrained: %s", type(self).__name__, reports[-1].summary())
+        return (params, reports[-1]) if return_report else params
 
     def weights(self, batch: Batch) -> jax.Array:
         return example_weights(batch, self.weight_key)
