@@ -65,6 +65,54 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _parse_finetune_gin(args) -> None:
+    from t2t import gin_utils
+    from t2t.train import finetune  # noqa: F401  registers its configurables
+    gin_utils.parse(args.gin_file, args.gin + args.gin_bindings)
+
+
+def cmd_finetune(args) -> int:
+    """`t2t finetune --gin_file=... --gin.MODEL_DIR=... --gin.INITIAL_CHECKPOINT=...`."""
+    from t2t.train import distributed, finetune
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    _parse_finetune_gin(args)
+    finetune.run(args.split or None)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    """`t2t eval --gin_file=... --gin.MODEL_DIR=... [--split test]`: score the latest
+    checkpoint; metrics.json + results.md into --output_dir (default MODEL_DIR)."""
+    from t2t.train import finetune
+    _parse_finetune_gin(args)
+    finetune.evaluate_run(args.split or None, args.output_dir)
+    return 0
+
+
+def cmd_infer(args) -> int:
+    """`t2t infer --gin_file=... --gin.MODEL_DIR=... [--input FILE]`: one output line per
+    input line (stdin by default)."""
+    from t2t.train import finetune
+    _parse_finetune_gin(args)
+    if args.input in (None, "-"):
+        lines = [line.rstrip("\n") for line in sys.stdin]
+    else:
+        with open(args.input) as f:
+            lines = [line.rstrip("\n") for line in f]
+    exp, params = finetune.restore_experiment()
+    options = {"beam": {"beam_size": args.beam_size, "alpha": args.alpha},
+               "greedy": {}}[args.strategy]
+    outputs = finetune.infer_lines(exp, params, lines, batch_size=args.batch_size,
+                                   max_decode_length=args.max_decode_length,
+                                   strategy=args.strategy, **options)
+    out = sys.stdout if args.output in (None, "-") else open(args.output, "w")
+    for text in outputs:
+        print(" ".join(str(text).split()), file=out)
+    if out is not sys.stdout:
+        out.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="t2t", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +135,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_processes", type=int)
     p.add_argument("--process_id", type=int)
     p.set_defaults(func=cmd_train)
+    p = with_gin(sub.add_parser("finetune", help="fine-tune from a t2t or Hugging Face "
+                                "checkpoint, then evaluate"))
+    p.add_argument("--split", action="append", default=[],
+                   help="split to score after training (repeatable; default: the gin's)")
+    p.add_argument("--coordinator_address", help="multi-process: host:port of process 0")
+    p.add_argument("--num_processes", type=int)
+    p.add_argument("--process_id", type=int)
+    p.set_defaults(func=cmd_finetune)
+    p = with_gin(sub.add_parser("eval", help="score MODEL_DIR's latest checkpoint"))
+    p.add_argument("--split", action="append", default=[],
+                   help="split to score (repeatable; default: validation and test)")
+    p.add_argument("--output_dir", help="where metrics.json and results.md go (MODEL_DIR)")
+    p.set_defaults(func=cmd_eval)
+    p = with_gin(sub.add_parser("infer", help="decode input lines with MODEL_DIR's model"))
+    p.add_argument("--input", help="file of inputs, one per line (default: stdin)")
+    p.add_argument("--output", help="file for the outputs (default: stdout)")
+    p.add_argument("--strategy", choices=("greedy", "beam"), default="greedy")
+    p.add_argument("--beam_size", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_decode_length", type=int,
+                   help="default: the target feature length")
+    p.set_defaults(func=cmd_infer)
     sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
     return parser
 

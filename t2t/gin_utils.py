@@ -20,6 +20,7 @@ def register_configurables() -> None:
     import t2t.models.base  # noqa: F401
     import t2t.nn.config  # noqa: F401
     import t2t.train.experiment  # noqa: F401
+    import t2t.train.finetune  # noqa: F401
     import t2t.train.optimizers  # noqa: F401
     import t2t.train.partitioning  # noqa: F401
     import t2t.train.trainer  # noqa: F401

