@@ -329,20 +329,12 @@ def bible_sentencepiece(vocab_size: int = 8000, extra_ids: int = 100) -> Any:
 @functools.cache
 def bible_wordpiece(vocab_size: int = 8000) -> Any:
     """An uncased WordPiece vocabulary trained on WEB with ``tokenizers`` once, cached."""
-    from tokenizers import BertWordPieceTokenizer
-
     from t2t.data.vocab import WordPieceVocabulary
 
     path = cache_dir() / f"bible_web_wordpiece_{vocab_size}.txt"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer = BertWordPieceTokenizer(lowercase=True)
-        tokenizer.train_from_iterator(_web_texts(), vocab_size=vocab_size, show_progress=False)
-        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
-        tmp.replace(path)
-    return WordPieceVocabulary(str(path), lowercase=True)
+    if path.exists():
+        return WordPieceVocabulary(str(path), lowercase=True)
+    return WordPieceVocabulary.train(_web_texts(), path, vocab_size)
 
 
 # ----------------------------------------------------------------------------- bible tasks

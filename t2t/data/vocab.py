@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import os
+import pathlib
 from pathlib import Path
 from typing import Iterable
 
@@ -233,6 +234,23 @@ class WordPieceVocabulary(Vocabulary):
         self._tok = tok
         self.special_ids = frozenset(
             (self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id))
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_file: str | os.PathLike, vocab_size: int,
+              lowercase: bool = True) -> "WordPieceVocabulary":
+        """Train a BERT WordPiece vocabulary with `tokenizers`, write `vocab_file` (atomically,
+        ids in order), and load it."""
+        from tokenizers import BertWordPieceTokenizer
+
+        tokenizer = BertWordPieceTokenizer(lowercase=lowercase)
+        tokenizer.train_from_iterator(texts, vocab_size=vocab_size, show_progress=False)
+        tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        path = pathlib.Path(vocab_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(token + "\n" for token, _ in tokens), encoding="utf-8")
+        tmp.replace(path)
+        return cls(path, lowercase=lowercase)
 
     def __getstate__(self) -> dict:
         return {"vocab_file": self.vocab_file, "lowercase": self.lowercase}

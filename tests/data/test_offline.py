@@ -10,7 +10,7 @@ import pytest
 from t2t.data import builders, bundled, offline
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import bible_sentencepiece, get_task, registered_tasks
-from t2t.data.vocab import SentencePieceVocabulary, WordPieceVocabulary
+from t2t.data.vocab import SentencePieceVocabulary
 from t2t.evaluation.evaluator import compute_metrics
 
 SIZES = {  # as documented in t2t.data.offline
@@ -20,26 +20,9 @@ SIZES = {  # as documented in t2t.data.offline
 }
 
 
-def _verses(n):
-    return [r["text"] for r in bundled.load("web")[:n]]
+from tests.data.helpers import verses as _verses
 
 
-@pytest.fixture(scope="module")
-def spm(tmp_path_factory):
-    path = tmp_path_factory.mktemp("spm") / "tiny"
-    return SentencePieceVocabulary.train(_verses(300), path, 500, extra_ids=10)
-
-
-@pytest.fixture(scope="module")
-def wordpiece(tmp_path_factory):
-    from tokenizers import BertWordPieceTokenizer
-
-    tokenizer = BertWordPieceTokenizer(lowercase=True)
-    tokenizer.train_from_iterator(_verses(300), vocab_size=400, show_progress=False)
-    path = tmp_path_factory.mktemp("wp") / "vocab.txt"
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    path.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
-    return WordPieceVocabulary(path)
 
 
 @pytest.fixture
