@@ -11,7 +11,6 @@ from t2t.data import benchmarks as B
 from t2t.data import bundled
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import get_task, remove_task
-from t2t.data.vocab import SentencePieceVocabulary
 from t2t.evaluation.evaluator import compute_metrics
 
 tfds = pytest.importorskip("tensorflow_datasets")

@@ -10,7 +10,6 @@ import pytest
 from t2t.data import builders, bundled, offline
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import bible_sentencepiece, get_task, registered_tasks
-from t2t.data.vocab import SentencePieceVocabulary
 from t2t.evaluation.evaluator import compute_metrics
 
 SIZES = {  # as documented in t2t.data.offline
