@@ -1,0 +1,83 @@
+"""Shared helpers for the benchmark scripts: machine/version header, timing, RESULTS.md."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def versions(*names: str) -> str:
+    out = [f"Python {platform.python_version()}"]
+    for n in names:
+        try:
+            out.append(f"{n} {metadata.version(n)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def machine_line(*packages: str) -> str:
+    return (f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} "
+            f"{platform.machine()}; {versions(*packages)}.")
+
+
+def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1,
+                log: Callable[[str], None] = print) -> Dict[str, List[float]]:
+    """Warm each fn up, then time them A, B, C, A, B, C, ... so machine drift hits all."""
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            fn()
+        log(f"  warm-up {name}: {time.perf_counter() - t0:.1f} s (load {loadavg()})")
+    times: Dict[str, List[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        log(f"  round {r + 1}/{rounds}: " + ", ".join(
+            f"{k} {v[-1]:.3f}s" for k, v in times.items()) + f" (load {loadavg()})")
+    return times
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+                   align: str = "") -> str:
+    align = align or ("l" + "r" * (len(header) - 1))
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def append_results(title: str, body: str) -> None:
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    RESULTS.write_text(text.rstrip("\n") + f"\n\n## {title} ({stamp})\n\n{body.strip()}\n")

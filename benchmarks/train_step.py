@@ -1,0 +1,316 @@
+"""Train-step throughput: t2t vs Hugging Face Flax vs PyTorch, same config and shapes.
+
+One full training step each (forward, backward, AdamW update), random weights, float32
+parameters, on one CPU device. Implementations are warmed up (compiled) once, then timed
+interleaved (A, B, C, A, B, C, ...) so the VM's drift hits all of them alike; medians.
+
+  bert  BERT-base MLM+NSP, batch 8 x 128, 20 masked positions per sequence
+        t2t: logits only at the masked positions; HF (BertForPreTraining): at all 128
+  t5    T5.1.1-base span corruption, batch 2 x (512 inputs + 114 targets), no dropout
+  gpt   GPT-2 small causal LM, batch 8 x 128
+
+FLOPs: `t2t.train.flops.step_flops` for everyone (model FLOPs of t2t's step: BERT's MLM
+logits counted at the 20 masked positions), MFU against the measured float32 2048^3
+matmul peak (``--peak``, or measured at start-up). t2t variants (levers):
+``t2t`` (float32), ``t2t_bf16`` (bfloat16 matmuls, float32 accumulation and params),
+``t2t_fused`` (``use_fused_attention``), ``t2t_bf16_fused``.
+
+    python benchmarks/train_step.py [--models bert,t5,gpt] [--impls t2t,t2t_bf16,hf_flax,torch]
+                                    [--rounds 3] [--no-write]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import _common  # noqa: E402
+
+BATCH = {"bert": dict(batch=8, length=128, masked=20),
+         "t5": dict(batch=2, inputs=512, targets=114),
+         "gpt": dict(batch=8, length=128)}
+LR, WD = 1e-4, 0.01
+
+
+# ----------------------------------------------------------------------------- configs
+def hf_config(model: str):
+    import transformers as tr
+    if model == "bert":
+        return tr.BertConfig()                                       # BERT-base
+    if model == "t5":                                                # T5.1.1-base
+        return tr.T5Config(vocab_size=32128, d_model=768, d_kv=64, d_ff=2048, num_layers=12,
+                           num_heads=12, feed_forward_proj="gated-gelu",
+                           tie_word_embeddings=False, dropout_rate=0.0)
+    if model == "gpt":
+        return tr.GPT2Config()                                       # GPT-2 small
+    raise ValueError(model)
+
+
+def t2t_config(model: str, **overrides):
+    from t2t.convert import hf
+    fn = {"bert": hf.bert_config, "t5": hf.t5_config, "gpt": hf.gpt2_config}[model]
+    return fn(hf_config(model).to_dict()).replace(**overrides)
+
+
+def make_batch(model: str, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    g = BATCH[model]
+    if model == "bert":
+        b, n, m = g["batch"], g["length"], g["masked"]
+        tokens = rng.integers(1000, 30000, (b, n), dtype=np.int32)
+        positions = np.stack([np.sort(rng.choice(np.arange(1, n), m, replace=False))
+                              for _ in range(b)]).astype(np.int32)
+        ids = np.take_along_axis(tokens, positions, 1)
+        tokens[np.arange(b)[:, None], positions] = 103               # [MASK]
+        tt = np.zeros((b, n), np.int32)
+        tt[:, n // 2:] = 1
+        return {"encoder_input_tokens": tokens, "token_type_ids": tt,
+                "masked_positions": positions, "masked_ids": ids.astype(np.int32),
+                "masked_weights": np.ones((b, m), np.float32),
+                "next_sentence_labels": rng.integers(0, 2, (b,), dtype=np.int32)}
+    if model == "t5":
+        b, s, t = g["batch"], g["inputs"], g["targets"]
+        targets = rng.integers(2, 32000, (b, t), dtype=np.int32)
+        dec_in = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], 1)
+        return {"encoder_input_tokens": rng.integers(2, 32000, (b, s), dtype=np.int32),
+                "decoder_input_tokens": dec_in, "decoder_target_tokens": targets,
+                "decoder_loss_weights": np.ones((b, t), np.float32)}
+    b, n = g["batch"], g["length"]
+    tokens = rng.integers(0, 50000, (b, n + 1), dtype=np.int32)
+    return {"decoder_input_tokens": tokens[:, :-1], "decoder_target_tokens": tokens[:, 1:],
+            "decoder_loss_weights": np.ones((b, n), np.float32)}
+
+
+def tokens_per_step(model: str) -> int:
+    g = BATCH[model]
+    return g["batch"] * (g["inputs"] + g["targets"] if model == "t5" else g["length"])
+
+
+def step_flops(model: str) -> float:
+    from t2t.train import flops
+    g = BATCH[model]
+    cfg = t2t_config(model)
+    if model == "bert":
+        return flops.step_flops(cfg, "bert", g["batch"], input_length=g["length"],
+                                num_masked=g["masked"])
+    if model == "t5":
+        return flops.step_flops(cfg, "t5", g["batch"], input_length=g["inputs"],
+                                target_length=g["targets"])
+    return flops.step_flops(cfg, "gpt", g["batch"], target_length=g["length"])
+
+
+# ----------------------------------------------------------------------------- t2t
+def build_t2t(model: str, **overrides):
+    import jax
+    import optax
+    from t2t.models.base import LossConfig
+    from t2t.models.families import make_model
+    from t2t.train.partitioning import MeshConfig, make_mesh
+    from t2t.train.trainer import TrainConfig, Trainer
+
+    cfg = t2t_config(model, **overrides)
+    loss = LossConfig(z_loss=0.0) if model == "bert" else LossConfig()
+    m = make_model(model, cfg, loss)
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    trainer = Trainer(m, optax.adamw(LR, weight_decay=WD), mesh,
+                      TrainConfig(model_dir=tempfile.mkdtemp(), progress_bar=False))
+    batch = make_batch(model)
+    holder = {"state": trainer.init_state(batch)}
+
+    def step():
+        holder["state"], metrics = trainer.train_step(holder["state"], batch)
+        jax.block_until_ready(metrics["loss"])
+    return step, trainer
+
+
+# ----------------------------------------------------------------------------- HF Flax
+def _patch_flax_t5_clip():
+    """HF Flax T5 (transformers 4.57) calls jnp.clip(a_max=...), gone in this JAX."""
+    import jax.numpy as jnp
+    import transformers.models.t5.modeling_flax_t5 as mod
+    if getattr(mod.jnp, "_t2t_patched", False):
+        return
+    clip = jnp.clip
+
+    def patched(x, min=None, max=None, *, a_min=None, a_max=None):
+        return clip(x, a_min if min is None else min, a_max if max is None else max)
+    proxy = types.SimpleNamespace(**{k: getattr(jnp, k) for k in dir(jnp)
+                                     if not k.startswith("__")})
+    proxy.clip, proxy._t2t_patched = patched, True
+    mod.jnp = proxy
+
+
+def build_hf_flax(model: str):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import transformers as tr
+
+    config = hf_config(model)
+    batch = {k: jnp.asarray(v) for k, v in make_batch(model).items()}
+    if model == "bert":
+        net = tr.FlaxBertForPreTraining(config, seed=0)
+
+        def loss_fn(params, rng):
+            out = net(batch["encoder_input_tokens"], token_type_ids=batch["token_type_ids"],
+                      params=params, dropout_rng=rng, train=True)
+            logits = jnp.take_along_axis(out.prediction_logits,
+                                         batch["masked_positions"][..., None], axis=1)
+            mlm = optax.softmax_cross_entropy_with_integer_labels(logits, batch["masked_ids"])
+            nsp = optax.softmax_cross_entropy_with_integer_labels(
+                out.seq_relationship_logits, batch["next_sentence_labels"])
+            return mlm.mean() + nsp.mean()
+    elif model == "t5":
+        _patch_flax_t5_clip()
+        net = tr.FlaxT5ForConditionalGeneration(config, seed=0)
+
+        def loss_fn(params, rng):
+            logits = net(batch["encoder_input_tokens"],
+                         decoder_input_ids=batch["decoder_input_tokens"], params=params,
+                         dropout_rng=rng, train=True).logits
+            return optax.softmax_cross_entropy_with_integer_labels(
+                logits, batch["decoder_target_tokens"]).mean()
+    else:
+        net = tr.FlaxGPT2LMHeadModel(config, seed=0)
+
+        def loss_fn(params, rng):
+            logits = net(batch["decoder_input_tokens"], params=params, dropout_rng=rng,
+                         train=True).logits
+            return optax.softmax_cross_entropy_with_integer_labels(
+                logits, batch["decoder_target_tokens"]).mean()
+
+    tx = optax.adamw(LR, weight_decay=WD)
+
+    def train_step(params, opt_state, rng):
+        rng, sub = jax.random.split(rng)
+        loss, grads = jax.value_and_grad(loss_fn)(params, sub)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, rng, loss
+
+    jitted = jax.jit(train_step, donate_argnums=(0, 1))     # as HF's run_*_flax examples
+    params = net.params
+    holder = {"s": (params, jax.jit(tx.init)(params), jax.random.PRNGKey(0))}
+
+    def step():
+        *state, loss = jitted(*holder["s"])
+        holder["s"] = tuple(state)
+        loss.block_until_ready()
+    return step
+
+
+# ----------------------------------------------------------------------------- torch
+def build_torch(model: str):
+    import torch
+    import transformers as tr
+
+    torch.manual_seed(0)
+    config = hf_config(model)
+    b = {k: torch.from_numpy(np.asarray(v)).long() if v.dtype != np.float32
+         else torch.from_numpy(v) for k, v in make_batch(model).items()}
+    if model == "bert":
+        net = tr.BertForPreTraining(config)
+        labels = torch.full_like(b["encoder_input_tokens"], -100)
+        labels.scatter_(1, b["masked_positions"], b["masked_ids"])
+
+        def loss_fn():
+            return net(input_ids=b["encoder_input_tokens"], token_type_ids=b["token_type_ids"],
+                       labels=labels, next_sentence_label=b["next_sentence_labels"]).loss
+    elif model == "t5":
+        net = tr.T5ForConditionalGeneration(config)
+
+        def loss_fn():
+            return net(input_ids=b["encoder_input_tokens"],
+                       decoder_input_ids=b["decoder_input_tokens"],
+                       labels=b["decoder_target_tokens"]).loss
+    else:
+        net = tr.GPT2LMHeadModel(config)
+        ids = torch.cat([b["decoder_input_tokens"], b["decoder_target_tokens"][:, -1:]], 1)
+
+        def loss_fn():
+            logits = net(input_ids=ids[:, :-1]).logits
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                     ids[:, 1:].flatten())
+    net.train()
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        float(loss)
+    return step
+
+
+IMPLS = {
+    "t2t": lambda m: build_t2t(m)[0],
+    "t2t_bf16": lambda m: build_t2t(m, dtype="bfloat16")[0],
+    "t2t_fused": lambda m: build_t2t(m, use_fused_attention=True)[0],
+    "t2t_bf16_fused": lambda m: build_t2t(m, dtype="bfloat16", use_fused_attention=True)[0],
+    "t2t_nodropout": lambda m: build_t2t(m, dropout_rate=0.0, attention_dropout_rate=0.0)[0],
+    "hf_flax": build_hf_flax,
+    "torch": build_torch,
+}
+TITLES = {"bert": "BERT-base MLM+NSP 8x128 (20 masked)", "t5": "T5.1.1-base 2x(512+114)",
+          "gpt": "GPT-2 small 8x128"}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="bert,t5,gpt")
+    p.add_argument("--impls", default="t2t,t2t_bf16,hf_flax,torch")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--peak", type=float, default=None, help="float32 GFLOP/s (else measured)")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+
+    import jax
+    import torch
+    from t2t.train import flops
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    peak = args.peak * 1e9 if args.peak else flops.measure_peak_flops("float32")
+    print(f"float32 peak {peak / 1e9:.0f} GFLOP/s; load {_common.loadavg()}", flush=True)
+    impls = args.impls.split(",")
+    rows, loads = [], [_common.loadavg()]
+    for model in args.models.split(","):
+        print(f"== {model}", flush=True)
+        fns = {name: IMPLS[name](model) for name in impls}
+        times = _common.interleaved(fns, args.rounds, log=lambda s: print(s, flush=True))
+        loads.append(_common.loadavg())
+        f = step_flops(model)
+        ntok = tokens_per_step(model)
+        med = {k: _common.median(v) for k, v in times.items()}
+        base = {k: med[k] for k in ("torch", "hf_flax") if k in med}
+        for name in impls:
+            t = med[name]
+            rows.append([TITLES[model], name, f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}",
+                         f"{f / t / 1e9:,.0f}", f"{100 * f / t / peak:.0f}%",
+                         *(f"{base[k] / t:.2f}x" if k in base else "-"
+                           for k in ("torch", "hf_flax"))])
+        del fns
+        gc.collect()
+    header = ["model", "impl", "step ms (median)", "tokens/s", "model GFLOP/s", "MFU",
+              "vs torch", "vs HF Flax"]
+    table = _common.markdown_table(header, rows, "llrrrrrr")
+    print(table)
+    if not args.no_write:
+        body = (_common.machine_line("jax", "jaxlib", "flax", "optax", "torch", "transformers")
+                + f"\nCommand: `python benchmarks/train_step.py --models {args.models} "
+                f"--impls {args.impls} --rounds {args.rounds}`. Median of {args.rounds} "
+                f"interleaved steps after 1 warm-up; float32 params, AdamW; MFU vs measured "
+                f"float32 2048^3 matmul peak {peak / 1e9:.0f} GFLOP/s; model FLOPs from "
+                f"`t2t.train.flops.step_flops` (BERT: MLM logits at the 20 masked positions). "
+                f"Load average (1/5/15 min) during the run: {' -> '.join(loads)}.\n\n" + table)
+        _common.append_results("Train step: t2t vs HF Flax vs PyTorch", body)
+
+
+if __name__ == "__main__":
+    main()
