@@ -122,10 +122,9 @@ def make_trainer(model, train_cfg: TrainConfig, trainer_cls: type = Trainer,
     return trainer_cls(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
 
 
-def run() -> TrainResult:
-    """Build the gin-configured experiment, write its operative config (every value it
-    used, defaults included) to MODEL_DIR/config.gin, and train (resuming if possible)."""
-    exp = experiment()
+def write_operative_config(exp: Experiment) -> str:
+    """The operative gin config (every value the run used, defaults included), noting a
+    vocab size the task's vocabulary replaced; written to MODEL_DIR/config.gin by process 0."""
     config_str = gin.operative_config_str()
     model_cfg, bound = exp.trainer.model.config, TransformerConfig()
     if model_cfg.vocab_size != bound.vocab_size:
@@ -136,6 +135,14 @@ def run() -> TrainResult:
     if jax.process_index() == 0:
         with open(os.path.join(model_dir, "config.gin"), "w") as f:
             f.write(config_str)
+    return config_str
+
+
+def run() -> TrainResult:
+    """Build the gin-configured experiment, write its operative config (every value it
+    used, defaults included) to MODEL_DIR/config.gin, and train (resuming if possible)."""
+    exp = experiment()
+    config_str = write_operative_config(exp)
     result = fit(exp.trainer, exp.data(), config_str=config_str,
                  eval_data_fn=exp.eval_data if exp.eval_task is not None else None)
     if jax.process_index() == 0:

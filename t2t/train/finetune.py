@@ -314,22 +314,13 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
     return results
 
 
-def _write_config(exp: experiment_lib.Experiment) -> str:
-    config_str = gin.operative_config_str()
-    if jax.process_index() == 0:
-        os.makedirs(exp.trainer.config.model_dir, exist_ok=True)
-        with open(os.path.join(exp.trainer.config.model_dir, "config.gin"), "w") as f:
-            f.write(config_str)
-    return config_str
-
-
 def run(splits: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Fine-tune the gin-configured experiment (resuming if MODEL_DIR has checkpoints),
     then score `splits` (default: evaluate_experiment's) into MODEL_DIR/metrics.json and
     results.md (not when preempted). Returns {"result": TrainResult, "metrics": ...,
     "train_seconds": ..., "eval_seconds": ...}."""
     exp = finetune_experiment()
-    config_str = _write_config(exp)
+    config_str = experiment_lib.write_operative_config(exp)
     start = time.perf_counter()
     result: TrainResult = fit(exp.trainer, exp.data(), config_str=config_str)
     train_seconds = time.perf_counter() - start
