@@ -138,9 +138,10 @@ class PrefixLMConverter(FeatureConverter):
     ``decoder_causal_attention`` is 1 over the inputs *and one more position* (the one
     reading the last input and predicting the first target), as seqio's
     ``PrefixLMFeatureConverter``; the loss is on the targets only unless
-    ``loss_on_targets_only=False``. As in seqio only the concatenation is trimmed (to
-    inputs+targets), so a long prefix may use the targets' room; an example whose inputs
-    fill the whole row (no target left) is skipped as ``no_targets``.
+    ``loss_on_targets_only=False``. As in seqio the concatenation is trimmed to
+    inputs+targets, so a short prefix leaves its room to long targets; but an over-long
+    prefix is cut first so that up to ``targets`` target tokens always fit (fine-tuning on
+    long documents keeps its answers).
     """
 
     def __init__(self, lengths: Mapping[str, int], pack: bool = True,
@@ -157,9 +158,9 @@ class PrefixLMConverter(FeatureConverter):
         if len(targets) == 0:
             raise SkipExample("empty")
         total = self.packed_lengths["targets"]
-        if len(inputs) >= total:
-            raise SkipExample("no_targets")
+        inputs, cut_inputs = _trim(inputs, total - min(len(targets), self.lengths["targets"]))
         concat, cut = _trim(np.concatenate([inputs, targets]), total)
+        cut += cut_inputs
         width = np.full(len(concat), len(inputs), np.int32)
         return {"targets": concat, "inputs_width": width}, cut
 

@@ -85,6 +85,9 @@ class _Preprocess:
         return {"examples": examples, "stats": dict(stats)}
 
 
+MAX_BARREN_RECORDS = 10_000  # then every record is being skipped: fail, do not spin
+
+
 def processed_dataset(source: RandomAccessSource, preprocess_fn: PreprocessFn,
                       converter: FeatureConverter, seed: int, *, shuffle: bool = True,
                       num_epochs: int | None = None, process_index: int | None = None,
@@ -153,12 +156,19 @@ class BatchIterator:
 
     def __next__(self) -> dict[str, np.ndarray]:
         packer = self.converter.new_packer(self.batch_rows)
+        barren = 0                        # records in a row that gave no example
         while True:
             if self._current is None or self._position >= len(self._current):
                 if not self._pull():
                     if packer.is_empty:
                         raise StopIteration
                     break
+                barren = barren + 1 if not self._current else 0
+                if barren == MAX_BARREN_RECORDS:
+                    skipped = {k: v for k, v in self._stats.items() if k.startswith("skipped/")}
+                    raise ValueError(f"{barren} records in a row gave no example (counts so "
+                                     f"far: {skipped}); do the feature lengths "
+                                     f"{self.converter.lengths} fit this task?")
                 continue
             packable, cut = self._current[self._position]
             if not packer.add(packable):

@@ -166,10 +166,17 @@ def test_empty_batch_shapes():
     assert out["next_sentence_labels"].shape == (2,) and out["masked_weights"].shape == (2, 3)
 
 
-def test_prefix_lm_trims_the_concatenation_only():
+def test_prefix_lm_trims_the_concatenation_but_keeps_targets():
     conv = PrefixLMConverter({"inputs": 4, "targets": 4})
     packable, cut = conv.prepare({"inputs": [1, 2, 3, 4, 5, 6], "targets": [7, 8, 9]})
-    assert packable["targets"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8] and cut == 1
+    assert packable["targets"].tolist() == [1, 2, 3, 4, 5, 7, 8, 9] and cut == 1
+    assert packable["inputs_width"].tolist() == [5] * 8
+    # A short prefix leaves its room to long targets (seqio's trimming) ...
+    packable, cut = conv.prepare({"inputs": [1, 2], "targets": list(range(10, 17))})
+    assert packable["targets"].tolist() == [1, 2, *range(10, 16)] and cut == 1
+    # ... but an over-long prefix is cut so that the targets (up to 4) still fit.
+    packable, cut = conv.prepare({"inputs": list(range(1, 20)), "targets": [30, 31]})
+    assert packable["targets"].tolist() == [1, 2, 3, 4, 5, 6, 30, 31] and cut == 13
     assert packable["inputs_width"].tolist() == [6] * 8
-    with pytest.raises(SkipExample, match="no_targets"):
-        conv.prepare({"inputs": list(range(1, 9)), "targets": [7]})
+    packable, _ = conv.prepare({"inputs": list(range(1, 20)), "targets": list(range(30, 40))})
+    assert packable["targets"].tolist() == [1, 2, 3, 4, 30, 31, 32, 33]

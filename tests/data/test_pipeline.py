@@ -203,3 +203,15 @@ def test_worker_processes_give_the_same_batches_and_resume():
     assert same(list(resumed), reference[3:])
     with pytest.raises(ValueError, match="worker_count"):
         pipeline(0, num_epochs=1).set_state(state)
+
+
+def test_a_task_whose_every_record_is_skipped_fails_instead_of_spinning(monkeypatch):
+    from t2t.data import pipeline
+    monkeypatch.setattr(pipeline, "MAX_BARREN_RECORDS", 50)
+
+    def never(record, seed):
+        raise SkipExample("too_long")
+
+    it = make_pipeline(ListSource(range(7)), never, LMConverter({"targets": 16}), 4, 0)
+    with pytest.raises(ValueError, match=r"50 records in a row gave no example.*too_long"):
+        next(it)
