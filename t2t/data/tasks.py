@@ -5,10 +5,12 @@ declares the keyword arguments it needs among ``seed``, ``vocabulary`` and
 ``sequence_length`` (as seqio does). Step ``i`` applied to the ``j``-th example of a record
 gets the seed ``(*record_seed, i, j)``, so every random choice is reproducible.
 Vocabularies are objects or zero-argument callables resolved on first use: importing this
-module trains nothing. ``bible_web_*`` tasks pretrain on the bundled World English Bible.
+module trains nothing. ``bible_web_*`` tasks pretrain on the bundled World English Bible
+less a held-out 5% of its chapters, which their ``bible_web_*_validation`` twins read.
 """
 from __future__ import annotations
 
+import collections
 import difflib
 import functools
 import inspect
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from t2t.data import preprocessors as prep
+from t2t.data.builders import split_of
 from t2t.data.converters import FeatureConverter
 from t2t.data.pipeline import BatchIterator, make_mixture_pipeline, make_pipeline
 from t2t.data.preprocessors import SkipExample
@@ -300,6 +303,33 @@ class BertPretraining:
         return out
 
 
+def next_token_targets(tokens: Any) -> dict:
+    """A left-to-right LM example in BERT's MLM features: every position but the last
+    predicts the token after it; the inputs stay unmasked.
+
+    tokens [n] -> ``inputs`` [n], ``token_type_ids`` [n] (zeros), ``masked_positions``
+    [n-1] = 0..n-2, ``masked_ids`` [n-1] = tokens[1:], ``masked_weights`` [n-1] (ones).
+    """
+    tokens = np.asarray(tokens, np.int32)
+    n = len(tokens)
+    return {"inputs": tokens, "token_type_ids": np.zeros(n, np.int32),
+            "masked_positions": np.arange(n - 1, dtype=np.int32),
+            "masked_ids": tokens[1:], "masked_weights": np.ones(n - 1, np.float32)}
+
+
+def bert_ltr(record: dict, *, vocabulary: Any, sequence_length: dict[str, int],
+             sentences_key: str = "verses") -> list[dict]:
+    """BERT Table 5's left-to-right LM: a document's sentences, tokenised and concatenated
+    in order, cut into ``[CLS] tokens [SEP]`` rows of ``sequence_length["inputs"]`` (the
+    last shorter), each as `next_token_targets`. No NSP, no [MASK]. Rows may start and end
+    mid-sentence, as an LM's do: sentence-aligned rows filled only 86% of 128 tokens."""
+    ids = [t for sentence in record[sentences_key]
+           for t in vocabulary.encode(prep.decode_text(sentence), add_special_tokens=False)]
+    room = sequence_length["inputs"] - 2
+    return [next_token_targets([vocabulary.cls_id, *chunk, vocabulary.sep_id])
+            for chunk in prep.split_tokens(ids, room)]
+
+
 # ----------------------------------------------------------------------------- vocabularies
 
 
@@ -312,15 +342,22 @@ def _web_texts() -> list[str]:
     return [r["text"] for r in BundledSource("web")]
 
 
+def _web_rv1909_texts() -> list[str]:
+    return _web_texts() + [r["text"] for r in BundledSource("rv1909")]
+
+
 @functools.cache
 def bible_sentencepiece(vocab_size: int = 8000, extra_ids: int = 100) -> Any:
-    """A unigram SentencePiece (T5 ids: pad 0, eos 1, unk 2) trained on WEB once, cached."""
+    """A unigram SentencePiece (T5 ids: pad 0, eos 1, unk 2) trained once, cached, on WEB
+    and the Spanish RV1909 verses: as T5's vocabulary covered its translation languages
+    (C4 with German, French and Romanian), so Bible EN->ES targets are not byte soup."""
     from t2t.data.vocab import SentencePieceVocabulary
 
-    path = cache_dir() / f"bible_web_spm_{vocab_size}.model"
+    path = cache_dir() / f"bible_web_rv1909_spm_{vocab_size}.model"
     if not path.exists():
-        tmp = cache_dir() / f"bible_web_spm_{vocab_size}.tmp{os.getpid()}"
-        SentencePieceVocabulary.train(_web_texts(), tmp, vocab_size, extra_ids=extra_ids)
+        tmp = cache_dir() / f"bible_web_rv1909_spm_{vocab_size}.tmp{os.getpid()}"
+        SentencePieceVocabulary.train(_web_rv1909_texts(), tmp, vocab_size,
+                                      extra_ids=extra_ids)
         tmp.with_suffix(tmp.suffix + ".model").replace(path)
         tmp.with_suffix(tmp.suffix + ".vocab").unlink(missing_ok=True)
     return SentencePieceVocabulary(str(path), extra_ids=extra_ids)
@@ -339,39 +376,128 @@ def bible_wordpiece(vocab_size: int = 8000) -> Any:
 
 # ----------------------------------------------------------------------------- bible tasks
 
-_CHAPTERS = functools.partial(BundledSource, "web", "chapter")
-_BOOKS = functools.partial(BundledSource, "web", "book")
+HELDOUT_FRACTION = 0.05  # share of WEB chapters held out for the *_validation tasks
+HELDOUT_SEED = "bible_web_pretraining"
+
+
+def is_heldout(chapter_id: str, fraction: float = HELDOUT_FRACTION,
+               seed: str = HELDOUT_SEED) -> bool:
+    """Whether chapter ``chapter_id`` ("Gen.1") is held out, by `builders.split_of`'s
+    seeded hash of the id: deterministic, decided per chapter, whatever the others are."""
+    return split_of(chapter_id, seed, (1 - fraction, fraction)) == "validation"
+
+
+class BibleSplit:
+    """A bundled Bible's chapters of one split, at chapter or book level.
+
+    ``split="validation"`` keeps the held-out chapters (`is_heldout`), ``"train"`` the rest,
+    so the two are disjoint and together cover the corpus. At book level a record is a
+    maximal run of consecutive chapters of one book within the split (a BERT document:
+    NSP's "next" sentences never jump over a chapter of the other split); its id is the
+    book's ("Gen") when the run is the whole book, else "Exod.14-25" or "Exod.13". Records
+    are ``{"id", "book", "text", "verses"}`` as `BundledSource` gives them.
+
+    WEB with the defaults: 1388 chapters -> 1318 train / 70 validation (1988 of 37457
+    verses, 5.3%; 5.5% of the characters); at book level the 80 books become 144 train
+    and 68 validation records.
+    """
+
+    def __init__(self, level: str = "chapter", split: str = "train", name: str = "web",
+                 fraction: float = HELDOUT_FRACTION, seed: str = HELDOUT_SEED):
+        if level not in ("chapter", "book"):
+            raise ValueError(f"level must be chapter or book, not {level!r}")
+        if split not in ("train", "validation"):
+            raise ValueError(f"split must be train or validation, not {split!r}")
+        self.level, self.split, self.name = level, split, name
+        chapters = list(BundledSource(name, "chapter"))
+        held = [is_heldout(c["id"], fraction, seed) for c in chapters]
+        keep = [i for i, h in enumerate(held) if h == (split == "validation")]
+        if level == "chapter":
+            self._records = [chapters[i] for i in keep]
+            return
+        books = [c["id"].rsplit(".", 1)[0] for c in chapters]   # "Gen.1" -> "Gen"
+        book_size = collections.Counter(books)
+        runs: list[list[int]] = []
+        for i in keep:  # consecutive chapters of one book form a run
+            if runs and runs[-1][-1] == i - 1 and books[i - 1] == books[i]:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        self._records = []
+        for run in runs:
+            first, last = chapters[run[0]]["id"], chapters[run[-1]]["id"]
+            key = (books[run[0]] if len(run) == book_size[books[run[0]]] else
+                   first if len(run) == 1 else f"{first}-{last.rsplit('.', 1)[1]}")
+            verses = [v for i in run for v in chapters[i]["verses"]]
+            self._records.append({"id": key, "book": chapters[run[0]]["book"],
+                                  "text": " ".join(verses), "verses": verses})
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, index: int) -> dict:
+        return self._records[index]
+
+    def __repr__(self) -> str:
+        return f"BibleSplit({self.name!r}, {self.level!r}, {self.split!r}, len={len(self)})"
+
 
 # T5 objective-table variants (gin names) registered as bible_web_<name>.
 OBJECTIVE_VARIANTS = ("iid_15_u_u", "iid_15_b_f", "iid_15_m_f", "iid_15_d_d", "all_permute",
                       "span_2_15_u_u", "span_5_15_u_u", "span_10_15_u_u")
 
 
-def register_bible_tasks(sentencepiece: Any = bible_sentencepiece,
-                         wordpiece: Any = bible_wordpiece, overwrite: bool = False) -> list[str]:
-    """Registers the ``bible_web_*`` pretraining tasks (vocabularies passed in or lazy)."""
+def bible_tasks(split: str = "train", sentencepiece: Any = bible_sentencepiece,
+                wordpiece: Any = bible_wordpiece, fraction: float = HELDOUT_FRACTION
+                ) -> list[Task]:
+    """The ``bible_web_*`` pretraining tasks over one `BibleSplit` (unregistered); the
+    validation ones are named ``<name>_validation``."""
+    chapters = functools.partial(BibleSplit, "chapter", split, fraction=fraction)
+    books = functools.partial(BibleSplit, "book", split, fraction=fraction)
+    suffix = "" if split == "train" else "_validation"
+    where = "training" if split == "train" else "held-out"
     tasks = [
-        Task("bible_web_span_corruption", _CHAPTERS,
+        Task("bible_web_span_corruption", chapters,
              [tokenize, split_for_span_corruption, span_corruption], sentencepiece,
              description="T5 span corruption (span_3_15_u_u) over WEB chapters"),
-        Task("bible_web_lm", _CHAPTERS, [tokenize, lm_chunks], sentencepiece,
+        Task("bible_web_lm", chapters, [tokenize, lm_chunks], sentencepiece,
              description="causal LM over WEB chapters"),
-        Task("bible_web_prefix_lm", _CHAPTERS, [tokenize, prefix_lm_chunks], sentencepiece,
+        Task("bible_web_prefix_lm", chapters, [tokenize, prefix_lm_chunks], sentencepiece,
              description="T5 prefix LM over WEB chapters"),
-        Task("bible_web_mlm_nsp", _BOOKS, [BertPretraining(_BOOKS)], wordpiece,
+        Task("bible_web_mlm_nsp", books, [BertPretraining(books)], wordpiece,
              description="BERT MLM (whole word) + NSP; documents = books, sentences = verses"),
-        Task("bible_web_mlm", _BOOKS, [BertPretraining(_BOOKS)], wordpiece,
+        Task("bible_web_mlm", books, [BertPretraining(books)], wordpiece,
              description="BERT MLM only (the 'No NSP' row): the same A/B pairs, no NSP loss "
                          "(train with EncoderConverter(nsp=False))"),
+        Task("bible_web_ltr", books, [bert_ltr], wordpiece,
+             description="BERT left-to-right LM (the 'LTR & No NSP' row): the same books and "
+                         "verses, every next token a target (EncoderConverter(nsp=False), "
+                         "TransformerConfig.encoder_causal)"),
     ]
     for name in OBJECTIVE_VARIANTS:
-        split: Callable = split_to_length
+        split_fn: Callable = split_to_length
         if name.startswith("span_"):
-            split = functools.partial(split_for_span_corruption,
-                                      mean_noise_span_length=float(name.split("_")[1]))
-        tasks.append(Task(f"bible_web_{name}", _CHAPTERS,
-                          [tokenize, split, functools.partial(denoise_objective, objective=name)],
+            split_fn = functools.partial(split_for_span_corruption,
+                                         mean_noise_span_length=float(name.split("_")[1]))
+        tasks.append(Task(f"bible_web_{name}", chapters,
+                          [tokenize, split_fn,
+                           functools.partial(denoise_objective, objective=name)],
                           sentencepiece, description=f"T5 objective {name} over WEB chapters"))
+    for task in tasks:
+        task.name += suffix
+        task.description += f" ({where} chapters)"
+    return tasks
+
+
+def register_bible_tasks(sentencepiece: Any = bible_sentencepiece,
+                         wordpiece: Any = bible_wordpiece, overwrite: bool = False,
+                         heldout_fraction: float = HELDOUT_FRACTION) -> list[str]:
+    """Registers the ``bible_web_*`` pretraining tasks (vocabularies passed in or lazy) over
+    the training chapters and, when ``heldout_fraction`` > 0, each one's
+    ``<name>_validation`` twin over the held-out chapters (see `BibleSplit`)."""
+    tasks = bible_tasks("train", sentencepiece, wordpiece, heldout_fraction)
+    if heldout_fraction > 0:
+        tasks += bible_tasks("validation", sentencepiece, wordpiece, heldout_fraction)
     for task in tasks:
         register_task(task, overwrite=overwrite)
     return [t.name for t in tasks]

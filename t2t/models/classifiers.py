@@ -15,6 +15,7 @@ token (all segment ids 0) is a padding row and carries no loss weight.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -58,21 +59,78 @@ class BertTrunk(nn.Module):
                             token_type_ids, deterministic=deterministic)
 
 
+def last_token_index(segment_ids: Optional[jax.Array], length: int, batch: int) -> jax.Array:
+    """Index of each row's last real token [batch] (segment id > 0); length-1 without ids."""
+    if segment_ids is None:
+        return jnp.full((batch,), length - 1, jnp.int32)
+    idx = jnp.arange(length, dtype=jnp.int32)
+    return jnp.max(jnp.where(segment_ids > 0, idx, 0), axis=-1)
+
+
+POOLINGS = ("cls", "last")
+
+
+class BiLstm(nn.Module):
+    """A bidirectional LSTM over each row's first `lengths` steps -> its final forward and
+    backward hidden states concatenated: [batch, length, d] -> [batch, 2 * units].
+    (BERT Table 5's "+ BiLSTM" row, randomly initialised at fine-tuning.)"""
+
+    units: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, lengths: jax.Array) -> jax.Array:
+        boxed = nn.with_logical_partitioning
+        cell = functools.partial(
+            nn.OptimizedLSTMCell, self.units, dtype=self.dtype, param_dtype=self.param_dtype,
+            kernel_init=boxed(nn.initializers.lecun_normal(), ("embed", None)),
+            recurrent_kernel_init=boxed(nn.initializers.orthogonal(), (None, None)),
+            bias_init=boxed(nn.initializers.zeros_init(), (None,)))
+        bilstm = nn.Bidirectional(nn.RNN(cell(name="forward")), nn.RNN(cell(name="backward")),
+                                  return_carry=True)
+        # A length-0 (padding) row reads one step: finite, and it carries no loss weight.
+        (forward, backward), _ = bilstm(x, seq_lengths=jnp.maximum(lengths, 1))
+        return jnp.concatenate([forward[1], backward[1]], axis=-1)   # carries are (c, h)
+
+
 class PooledHead(BertTrunk):
-    """[CLS] -> pooler (dense + tanh) -> dropout -> dense: [batch, num_outputs]."""
+    """Hidden states -> a row vector -> dropout -> dense: [batch, num_outputs].
+
+    The row vector: the pooler (dense + tanh) over the [CLS] (`pooling="cls"`, BERT) or over
+    the last real token (`"last"`: a left-to-right trunk's [CLS] sees only itself); or,
+    with `bilstm_units`, a fresh `BiLstm` over the real tokens (then `pooling` is unused).
+    """
 
     num_outputs: int = 2
+    pooling: str = "cls"
+    bilstm_units: Optional[int] = None
 
     def setup(self):
         super().setup()
-        self.pooler = Pooler(self.config, name="pooler")
-        self.classifier = Classifier(self.config, self.num_outputs, name="classifier")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling={self.pooling!r}; choose one of {list(POOLINGS)}")
+        cfg = self.config
+        if self.bilstm_units:
+            self.bilstm = BiLstm(self.bilstm_units, cfg.compute_dtype, cfg.params_dtype,
+                                 name="bilstm")
+        else:
+            self.pooler = Pooler(cfg, name="pooler")
+        self.classifier = Classifier(cfg, self.num_outputs, name="classifier")
 
     def __call__(self, encoder_input_tokens, encoder_segment_ids=None, token_type_ids=None,
                  encoder_positions=None, *, deterministic: bool = True) -> jax.Array:
         hidden = self.encode(encoder_input_tokens, encoder_segment_ids, token_type_ids,
-                             encoder_positions, deterministic=deterministic)
-        return self.classifier(self.pooler(hidden), deterministic=deterministic)
+                             encoder_positions, deterministic=deterministic)   # [b, l, d]
+        b, l = encoder_input_tokens.shape
+        last = last_token_index(encoder_segment_ids, l, b)                     # [b]
+        if self.bilstm_units:
+            row = self.bilstm(hidden, last + 1)                                # [b, 2 units]
+        elif self.pooling == "last":
+            row = self.pooler(hidden[jnp.arange(b), last][:, None])            # [b, d]
+        else:
+            row = self.pooler(hidden)                                          # [CLS]: [b, d]
+        return self.classifier(row, deterministic=deterministic)
 
 
 class ChoiceHead(PooledHead):
@@ -119,14 +177,6 @@ class SpanHead(BertTrunk):
                              encoder_positions, deterministic=deterministic)
         logits = self.qa_outputs(hidden).astype(jnp.float32)         # [b, l, 2]
         return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
-
-
-def last_token_index(segment_ids: Optional[jax.Array], length: int, batch: int) -> jax.Array:
-    """Index of each row's last real token [batch] (segment id > 0); length-1 without ids."""
-    if segment_ids is None:
-        return jnp.full((batch,), length - 1, jnp.int32)
-    idx = jnp.arange(length, dtype=jnp.int32)
-    return jnp.max(jnp.where(segment_ids > 0, idx, 0), axis=-1)
 
 
 class LastTokenHead(nn.Module):
@@ -303,11 +353,17 @@ class _FineTuningModel(Model):
 
 class SequenceClassifier(_FineTuningModel):
     """GLUE-style classification of a sentence or a sentence pair (`token_type_ids`) from
-    the pooled [CLS]. Feature: `label` [batch] int."""
+    the pooled [CLS] (`pooling="cls"`), the pooled last real token (`"last"`, for a
+    left-to-right trunk: `TransformerConfig.encoder_causal`), or a randomly initialised
+    BiLSTM over the final hidden states (`bilstm_units`; BERT Table 5). Pretrained weights
+    load into the trunk (and pooler); the BiLSTM and classifier start fresh.
+    Feature: `label` [batch] int."""
 
-    def __init__(self, config: TransformerConfig, num_classes: int,
-                 loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None):
-        super().__init__(config, PooledHead(config, num_classes), loss, pretrained)
+    def __init__(self, config: TransformerConfig, num_classes: int, pooling: str = "cls",
+                 bilstm_units: Optional[int] = None, loss: LossConfig = LossConfig(z_loss=0.0),
+                 pretrained: Optional[Params] = None):
+        super().__init__(config, PooledHead(config, num_classes, pooling, bilstm_units), loss,
+                         pretrained)
         self.num_classes = num_classes
 
     def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):

@@ -55,6 +55,11 @@ class TransformerConfig:
     scale_tied_logits: bool = False   # T5.1.0: tied logits scaled by d_model ** -0.5
     share_layers: bool = False        # ALBERT cross-layer parameter sharing
     share_encoder_decoder: bool = False  # T5 paper "shared" row: one set of layers
+    encoder_causal: bool = False      # Encoder self-attention left-to-right only (BERT
+    #   Table 5's "LTR" rows; pretrain and fine-tune with it)
+    fully_visible_prefix: bool = True  # prefix LM: `decoder_causal_attention` opens the prefix;
+    #   False keeps it causal (T5 Table 2's "Language model" on inputs+targets; flags then
+    #   only mark the prompt)
 
     attention_scale: str = "sqrt"     # "sqrt": q·k / sqrt(head_dim); "folded": in q init (T5)
     use_fused_attention: bool = False  # jax.nn.dot_product_attention (cuDNN / TPU kernels)

@@ -75,7 +75,11 @@ def _final_norm(cfg: TransformerConfig, x, deterministic):
 
 
 class Encoder(nn.Module):
-    """tokens [batch, length] -> hidden states [batch, length, d_model] (bidirectional)."""
+    """tokens [batch, length] -> hidden states [batch, length, d_model].
+
+    Bidirectional, or left-to-right with `config.encoder_causal` (a causal mask combined
+    with the packing/padding mask: position i sees keys j <= i of its own segment).
+    """
 
     config: TransformerConfig
     token_embedder: Optional[Embed] = None
@@ -92,7 +96,9 @@ class Encoder(nn.Module):
         table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
         x = Embedder(cfg, table, deterministic, name="embedder")(input_tokens, positions,
                                                                  token_type_ids)
-        mask = None if segment_ids is None else segment_mask(segment_ids, segment_ids)
+        mask = combine_masks(  # [batch|1, 1, length, length]
+            causal_mask(input_tokens.shape[1]) if cfg.encoder_causal else None,
+            None if segment_ids is None else segment_mask(segment_ids, segment_ids))
         bias = None
         if cfg.position_embedding == "relative":
             idx = jnp.arange(input_tokens.shape[1])
@@ -126,6 +132,8 @@ class Decoder(nn.Module):
                  deterministic: bool = True, decode: bool = False,
                  return_hidden: bool = False) -> jax.Array:
         cfg = self.config
+        if not cfg.fully_visible_prefix:
+            decoder_causal_attention = None        # a plain causal LM over inputs+targets
         tokens = decoder_input_tokens
         batch, length = tokens.shape
         relpos = (RelativePositionBias(cfg, bidirectional=False, name="relpos")

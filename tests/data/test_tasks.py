@@ -149,6 +149,80 @@ def test_bert_mlm_nsp_task():
         assert np.all(b["token_type_ids"][:, 0] == 0) and np.all(b["token_type_ids"].max(1) == 1)
 
 
+def _bundled():
+    bundled = pytest.importorskip("t2t.data.bundled")
+    if not hasattr(bundled, "load"):
+        pytest.skip("bundled corpora not available")
+
+
+def test_bible_splits_are_disjoint_and_cover_web():
+    _bundled()
+    from t2t.data.sources import BundledSource
+
+    every = [c["id"] for c in BundledSource("web", "chapter")]
+    train = [c["id"] for c in T.BibleSplit("chapter", "train")]
+    held = [c["id"] for c in T.BibleSplit("chapter", "validation")]
+    assert not set(train) & set(held) and sorted(train + held) == sorted(every)
+    assert 0.03 < len(held) / len(every) < 0.07
+    assert held == [c["id"] for c in T.BibleSplit("chapter", "validation")]  # deterministic
+    assert held != [c["id"] for c in T.BibleSplit("chapter", "validation", seed="x")]
+    # Book level (BERT documents): the same verses as the chapter level, split the same way.
+    for split in ("train", "validation"):
+        books = T.BibleSplit("book", split)
+        assert len({b["id"] for b in books}) == len(books)
+        assert ([v for b in books for v in b["verses"]]
+                == [v for c in T.BibleSplit("chapter", split) for v in c["verses"]])
+    ids = [b["id"] for b in T.BibleSplit("book", "train")]
+    assert ids[:2] == ["Gen.1-23", "Gen.25-26"] and "2Sam" in ids   # runs; a whole book
+    # Every registered bible pretraining task has a held-out twin; tasks read their split.
+    names = set(T.registered_tasks())
+    trained = {n for n in names if n.startswith("bible_web_") and not n.endswith("_validation")}
+    assert {"bible_web_mlm", "bible_web_mlm_nsp", "bible_web_ltr", "bible_web_lm"} <= trained
+    assert {f"{n}_validation" for n in trained} <= names
+    for name, expected in (("bible_web_lm", train), ("bible_web_lm_validation", held)):
+        assert [r["id"] for r in T.get_task(name).source] == expected
+    ltr = T.get_task("bible_web_ltr_validation")
+    assert {r["id"] for r in ltr.source} == {b["id"] for b in T.BibleSplit("book", "validation")}
+
+
+def test_next_token_targets():
+    ex = T.next_token_targets([2, 7, 8, 9, 3])
+    assert ex["inputs"].tolist() == [2, 7, 8, 9, 3]
+    assert ex["masked_positions"].tolist() == [0, 1, 2, 3]
+    assert ex["masked_ids"].tolist() == [7, 8, 9, 3]          # the inputs shifted by one
+    assert ex["masked_weights"].tolist() == [1, 1, 1, 1]
+    assert ex["token_type_ids"].tolist() == [0] * 5
+
+
+def test_bert_ltr_task():
+    _bundled()
+    vocab = FakeWordPiece()
+    task = _fake_task("bible_web_ltr", vocab)
+    # Rows [CLS] text [SEP] of `inputs` tokens (the last shorter): the book's verses in order.
+    record = task.source[0]
+    examples = task.preprocess(record, (0,), {"inputs": 64, "max_predictions": 64})
+    flat = [t for v in record["verses"] for t in vocab.encode(v, add_special_tokens=False)]
+    assert [t for e in examples for t in e["inputs"][1:-1]] == flat
+    assert [len(e["inputs"]) for e in examples[:-1]] == [64] * (len(examples) - 1)
+    assert all(e["inputs"][0] == 2 and e["inputs"][-1] == 3 for e in examples)
+    # Through the (packing) converter the MLM features say: predict the next token.
+    converter = EncoderConverter({"inputs": 64, "max_predictions": 64}, pack=True, nsp=False)
+    it = task.get_pipeline(converter, 8, 0, process_index=0, process_count=1)
+    for b in take(it, 3):
+        assert "next_sentence_labels" not in b
+        tokens, seg = b["encoder_input_tokens"], b["encoder_segment_ids"]
+        rows = np.arange(len(tokens))[:, None]
+        w = b["masked_weights"] > 0
+        pos = b["masked_positions"]
+        np.testing.assert_array_equal(b["masked_ids"][w], tokens[rows, pos + 1][w])
+        assert np.all(seg[rows, pos][w] == seg[rows, pos + 1][w])   # never across examples
+        # every real token with a next token of its own example is a target
+        has_next = (seg[:, :-1] > 0) & (seg[:, :-1] == seg[:, 1:])
+        assert w.sum() == has_next.sum()
+        assert not np.any(tokens == vocab.mask_id)                  # nothing masked
+    assert it.stats["truncated"] == 0 and it.stats["packing_efficiency"]["inputs"] > 0.97
+
+
 def test_mixture_interleaves_by_rate():
     def task(name, offset):
         records = [" ".join(f"t{offset + i}" for _ in range(3)) for i in range(8)]

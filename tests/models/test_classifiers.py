@@ -303,6 +303,92 @@ def test_last_token_classifier_reads_the_last_real_token():
     np.testing.assert_allclose(logits, logits_repadded, atol=1e-5)
 
 
+# ----------------------------------------------------------------------------- BERT Table 5 LTR
+LTR = BERT.replace(encoder_causal=True)
+
+
+def padded_batch(n=32, length=8, extra=4, seed=6):
+    """`sentences` with right padding (real lengths 4..8, the signal always inside), and the
+    same rows with `extra` more padding columns: noise tokens at segment id 0."""
+    tokens, label = sentences(n, length, seed)
+    lengths = 4 + np.arange(n) % 5
+    tokens[label == 1, 1] = SIGNAL                      # inside every row's real part
+    seg = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+    noise = np.random.default_rng(seed).integers(1, 64, (n, length + extra)).astype(np.int32)
+    wide_seg = np.pad(seg, ((0, 0), (0, extra)))
+    wide = np.where(wide_seg > 0, np.pad(tokens, ((0, 0), (0, extra))), noise)
+    batch = bert_batch(np.where(seg > 0, tokens, 0), label=label, encoder_segment_ids=seg)
+    return batch, bert_batch(wide, label=label, encoder_segment_ids=wide_seg)
+
+
+@pytest.mark.parametrize("pooling,bilstm", [("last", None), ("cls", 16)], ids=["last", "bilstm"])
+def test_ltr_heads_shapes_padding_invariance_and_learning(pooling, bilstm):
+    """A causal trunk's 'last' pooling and the BiLSTM head read every real token and nothing
+    past it: logits ignore appended padding (noise tokens) and the signal is learnt."""
+    batch, wide = padded_batch()
+    model = C.SequenceClassifier(LTR, 2, pooling=pooling, bilstm_units=bilstm)
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), batch))   # LSTM's own init
+    head = {"bilstm", "classifier"} if bilstm else {"pooler", "classifier"}
+    assert set(params) == {"token_embedder", "encoder"} | head
+    if bilstm:
+        assert params["bilstm"]["forward"]["ii"]["kernel"].shape == (LTR.d_model, bilstm)
+        assert params["classifier"]["dense"]["kernel"].shape == (2 * bilstm, 2)
+    # Reading the real tokens only: the padded/noisy copy gives the same logits, while
+    # calling the noise real (segment 1) changes them.
+    logits, logits_wide, logits_noise = jit(
+        lambda p: (model.apply(p, batch), model.apply(p, wide),
+                   model.apply(p, dict(wide, encoder_segment_ids=jnp.ones_like(
+                       wide["encoder_segment_ids"])))), params)
+    assert logits.shape == (32, 2)
+    np.testing.assert_allclose(logits, logits_wide, atol=1e-5)
+    assert float(jnp.max(jnp.abs(logits - logits_noise))) > 1e-4
+    params, ls, (pred, pred_wide) = train(
+        model, params, batch, steps=60,
+        then=lambda p: (model.predict(p, batch), model.predict(p, wide)))
+    assert ls[-1] < 0.05 * ls[0]
+    assert float(jnp.mean(pred == batch["label"])) == 1.0
+    np.testing.assert_array_equal(pred, pred_wide)
+
+
+def test_ltr_cls_pooling_sees_only_cls():
+    """Why 'last' exists: under encoder_causal the [CLS] representation ignores the text."""
+    batch, _ = padded_batch()
+    model = C.SequenceClassifier(LTR, 2)
+    params = fresh(model, batch)
+    other = dict(batch, encoder_input_tokens=batch["encoder_input_tokens"].at[:, 1:].set(9))
+    logits, logits_other = jit(lambda p: (model.apply(p, batch), model.apply(p, other)), params)
+    np.testing.assert_array_equal(logits, logits_other)
+    last = C.SequenceClassifier(LTR, 2, pooling="last")
+    logits, logits_other = jit(lambda p: (last.apply(p, batch), last.apply(p, other)), params)
+    assert float(jnp.max(jnp.abs(logits - logits_other))) > 1e-4
+    with pytest.raises(ValueError, match="pooling"):
+        jax.eval_shape(C.SequenceClassifier(LTR, 2, pooling="mean").init,
+                       jax.random.PRNGKey(0), batch)
+
+
+def test_ltr_bilstm_loads_the_pretrained_trunk_and_stays_fresh():
+    batch, _ = padded_batch(n=4)
+    pretrained = bert_trunk(LTR)                    # a (causal) BertPretrainingModel tree
+    model = C.SequenceClassifier(LTR, 3, pooling="last", bilstm_units=8, pretrained=pretrained)
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), batch))   # what Trainer calls
+    again, report = model.init_from_pretrained(jax.random.PRNGKey(1), batch, pretrained,
+                                               return_report=True)
+    top = lambda paths: {p.split("/")[0] for p in paths}  # noqa: E731
+    assert top(report.copied) == {"token_embedder", "encoder"}
+    assert top(report.new) == {"bilstm", "classifier"}
+    assert top(report.unused) == {"pooler", "mlm_head", "nsp_head"}
+    jax.tree.map(np.testing.assert_array_equal, params["encoder"], pretrained["encoder"])
+    jax.tree.map(np.testing.assert_array_equal, params["token_embedder"],
+                 pretrained["token_embedder"])
+    kernel = params["bilstm"]["backward"]["hf"]["kernel"]
+    assert kernel.std() > 0.1                       # its own (orthogonal) init, not zeros
+    assert not np.allclose(kernel, nn.unbox(again)["bilstm"]["backward"]["hf"]["kernel"])
+    last = C.SequenceClassifier(LTR, 3, pooling="last", pretrained=pretrained)
+    _, report = last.init_from_pretrained(jax.random.PRNGKey(0), batch, pretrained,
+                                          return_report=True)
+    assert top(report.copied) == {"token_embedder", "encoder", "pooler"}
+
+
 def test_init_from_pretrained_reports_and_checks_shapes():
     tokens, label = sentences(4)
     batch = bert_batch(tokens, label=label)

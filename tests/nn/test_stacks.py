@@ -125,6 +125,32 @@ def test_prefix_lm_attention():
     assert max_diff(base[:, :5], changed_target[:, :5]) == 0.0  # causal after it
     causal = dec.apply({"params": params}, toks)
     assert max_diff(causal[:, 0], base[:, 0]) > 1e-4
+    # fully_visible_prefix=False (T5 Table 2's "Language model"): the flags change nothing.
+    closed = Decoder(GPT_TINY.replace(fully_visible_prefix=False))
+    flagged = closed.apply({"params": params}, toks, decoder_causal_attention=prefix)
+    assert max_diff(flagged, causal) == 0.0
+
+
+@pytest.mark.parametrize("cfg", [BERT_TINY, T5_TINY], ids=["learned", "relative"])
+def test_causal_encoder(cfg):
+    """encoder_causal: a later token cannot change earlier positions (it does when
+    bidirectional); the causal mask still respects packing."""
+    toks = tokens(9, (2, 8))
+    changed = toks.at[:, 5].set((toks[:, 5] + 1) % 64)
+    for causal in (False, True):
+        enc = Encoder(cfg.replace(encoder_causal=causal))
+        params = init(enc, toks)
+        base, after = enc.apply({"params": params}, toks), enc.apply({"params": params}, changed)
+        earlier = max_diff(base[:, :5], after[:, :5])
+        assert (earlier == 0.0) if causal else (earlier > 1e-4), (causal, earlier)
+        assert max_diff(base[:, 5:], after[:, 5:]) > 1e-4
+    a, b = toks[:1, :5], toks[1:, :3]
+    packed = jnp.concatenate([a, b, jnp.zeros((1, 2), jnp.int32)], axis=1)
+    seg = jnp.array([[1] * 5 + [2] * 3 + [0] * 2])
+    pos = jnp.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0]])
+    out = enc.apply({"params": params}, packed, seg, pos)
+    assert max_diff(out[:, :5], enc.apply({"params": params}, a)) < 1e-5
+    assert max_diff(out[:, 5:8], enc.apply({"params": params}, b)) < 1e-5
 
 
 def test_albert_sharing_and_factorized_embeddings():

@@ -181,3 +181,18 @@ def test_bert_classifier_from_hugging_face_dir(tmp_path):
     out = finetune.run(splits=["test"])
     assert out["result"].step == 2
     assert set(out["metrics"]["bible_paraphrase_kjv_web/test"]) >= {"accuracy"}
+
+
+def test_classifier_experiment_ltr_heads_from_gin(tmp_path):
+    """BERT Table 5's LTR fine-tuning through gin: a causal trunk with 'last' pooling and
+    a BiLSTM head (nothing is trained here)."""
+    from t2t.data.tasks import bible_wordpiece
+    gin_utils.parse(["runs/finetune_bert.gin", "models/bert/test.gin"], FAST + [
+        f"MODEL_DIR = '{tmp_path}'", "INITIAL_CHECKPOINT = None",
+        "MIXTURE_OR_TASK_NAME = 'bible_paraphrase_kjv_web'", "EPOCHS = None",
+        f"classifier_experiment.vocabulary = '{bible_wordpiece().vocab_file}'",
+        "classifier_experiment.pooling = 'last'", "classifier_experiment.bilstm_units = 16",
+        "TransformerConfig.encoder_causal = True"])
+    model = finetune.finetune_experiment().trainer.model
+    assert model.config.encoder_causal
+    assert (model.module.pooling, model.module.bilstm_units) == ("last", 16)
