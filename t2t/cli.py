@@ -113,6 +113,26 @@ def cmd_infer(args) -> int:
     return 0
 
 
+def cmd_ablate(args) -> int:
+    """`t2t ablate configs/ablations/t5_table2.gin --scale=tiny`: run (or resume) every
+    cell of the grid, then render its table and plot into --docs_dir."""
+    from t2t.ablations import grid as grid_lib, report, runner
+    grid = grid_lib.load_grid(args.grid, args.scale, args.gin + args.gin_bindings)
+    cells = grid.select(args.cells.split(",") if args.cells else ())
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(grid.scale.seeds)
+    if args.list:
+        for cell in cells:
+            print(f"{cell.key:40s} {cell.label}")
+        return 0
+    if not args.render_only:
+        runner.run_grid(grid, args.out_dir, cells, seeds, args.shard)
+    command = f"t2t ablate {args.grid} --scale={args.scale}"
+    md, png = report.render(grid, runner.load_results(grid, args.out_dir), args.docs_dir,
+                            command)
+    print(f"wrote {md} and {png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="t2t", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +178,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_decode_length", type=int,
                    help="default: the target feature length")
     p.set_defaults(func=cmd_infer)
+    p = sub.add_parser("ablate", help="run a paper's ablation table (configs/ablations)")
+    p.add_argument("grid", help="grid gin file, e.g. configs/ablations/t5_table2.gin")
+    p.add_argument("--scale", default="tiny", help="tiny | small | paper (the grid's scales)")
+    p.add_argument("--cells", help="comma-separated regexes of cell keys or labels (default: all)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    p.add_argument("--shard", help="i/n: run every n-th (cell, seed) from i (parallel hosts)")
+    p.add_argument("--out_dir", default="runs/ablations", help="where cells run and are cached")
+    p.add_argument("--docs_dir", default="docs/ablations", help="where the table and plot go")
+    p.add_argument("--gin", action="append", default=[], metavar="BINDING",
+                   help="extra binding for the grid file; repeatable")
+    p.add_argument("--list", action="store_true", help="list the cells and exit")
+    p.add_argument("--render_only", action="store_true", help="render what has finished")
+    p.set_defaults(func=cmd_ablate)
     sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
     return parser
 

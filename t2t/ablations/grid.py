@@ -1,0 +1,195 @@
+"""Ablation grids: a paper table's cells, declared in gin (`configs/ablations/*.gin`).
+
+A grid file binds ``ablation.*``:
+
+* ``axes``: ``{axis name: {option label: option}}``; the cells are the product of the axes
+  (first axis slowest), or only the rows listed in ``cells`` (for tables that are not a
+  full product, e.g. BERT Table 6). An option is a list of gin lines (bindings, or
+  ``include 'file.gin'``) used in both stages, or a dict with ``pretrain`` / ``finetune``
+  / ``both`` lists, and optionally ``key`` (the cell directory's name part).
+* ``scales``: ``{scale name: {"pretrain": [...], "finetune": [...], "tasks": {task:
+  metric}, "seeds": [...], ...}}``. Stage lists hold gin files (``*.gin``) and bindings;
+  the cell's own lines come after the scale's, so they win (and may use its macros).
+* ``paper``: the published values, ``{cell label: [numbers]}`` with ``paper_columns``;
+  cell labels join the option labels with " / ".
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import gin
+
+STAGES = ("pretrain", "finetune")
+SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
+              "description"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One row of a table: its labels per axis and the gin lines of each stage."""
+
+    key: str                              # directory name, e.g. "encoder_decoder-denoising"
+    labels: Tuple[Tuple[str, str], ...]   # ((axis, option label), ...)
+    pretrain: Tuple[str, ...]
+    finetune: Tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return " / ".join(value for _, value in self.labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """What `--scale` picks: base gin lines per stage, downstream tasks, seeds."""
+
+    name: str
+    pretrain: Tuple[str, ...]
+    finetune: Tuple[str, ...]
+    tasks: Tuple[Tuple[str, str], ...]    # (task, metric reported)
+    seeds: Tuple[int, ...] = (0,)
+    heldout: Optional[Tuple[str, str]] = None   # (held-out task, loss metric) -> perplexity
+    eval_examples: Optional[int] = None   # score the first ones of the split (None: all)
+    split: str = "validation"             # the papers report dev-set numbers
+    description: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    name: str
+    title: str
+    axes: Tuple[str, ...]
+    cells: Tuple[Cell, ...]
+    scale: Scale
+    paper: Mapping[str, Sequence[float]]
+    paper_columns: Tuple[str, ...]
+    paper_source: str
+    accounting: Mapping[str, str]         # {"P": cell label, "M": cell label} (T5 Table 2)
+    notes: str
+    source: str = ""                      # the grid's gin file, parsed again under each
+    source_bindings: Tuple[str, ...] = ()  # stage so its macros (and overrides) resolve
+
+    def select(self, patterns: Sequence[str] = ()) -> List[Cell]:
+        """Cells whose key or label matches any regex in `patterns` (all when empty)."""
+        if not patterns:
+            return list(self.cells)
+        chosen = [c for c in self.cells
+                  if any(re.search(p, c.key) or re.search(p, c.label) for p in patterns)]
+        if not chosen:
+            raise ValueError(f"no cell of {self.name} matches {list(patterns)}; cells: "
+                             f"{[c.key for c in self.cells]}")
+        return chosen
+
+
+def slug(text: str) -> str:
+    """A file-system-safe key: 'Enc-dec, 6 layers' -> 'enc_dec_6_layers'."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def _stage_lines(option: Any, where: str) -> Dict[str, Tuple[str, ...]]:
+    if isinstance(option, (list, tuple)):
+        return {stage: tuple(option) for stage in STAGES}
+    if isinstance(option, Mapping):
+        unknown = set(option) - {"pretrain", "finetune", "both", "key"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; use pretrain, "
+                             "finetune, both, key")
+        both = tuple(option.get("both", ()))
+        return {stage: both + tuple(option.get(stage, ())) for stage in STAGES}
+    raise TypeError(f"{where}: an option is a list of gin lines or a dict, got {option!r}")
+
+
+def make_cells(axes: Mapping[str, Mapping[str, Any]],
+               rows: Optional[Sequence[Sequence[str]]] = None) -> Tuple[Cell, ...]:
+    """The product of the axes' options (or only `rows`, each a label per axis)."""
+    names = list(axes)
+    combos = (list(itertools.product(*[list(axes[n]) for n in names])) if rows is None
+              else [tuple(r) for r in rows])
+    cells = []
+    for combo in combos:
+        if len(combo) != len(names):
+            raise ValueError(f"row {combo} needs one label per axis {names}")
+        lines = {stage: () for stage in STAGES}
+        keys = []
+        for axis, label in zip(names, combo):
+            if label not in axes[axis]:
+                raise ValueError(f"axis {axis!r} has no option {label!r}; "
+                                 f"options: {list(axes[axis])}")
+            option = axes[axis][label]
+            for stage, stage_lines in _stage_lines(option, f"{axis}/{label}").items():
+                lines[stage] += stage_lines
+            keys.append(option.get("key", slug(label)) if isinstance(option, Mapping)
+                        else slug(label))
+        cells.append(Cell("-".join(keys), tuple(zip(names, combo)), lines["pretrain"],
+                          lines["finetune"]))
+    if len({c.key for c in cells}) != len(cells):
+        raise ValueError("two cells share a key; give options distinct labels or keys")
+    return tuple(cells)
+
+
+def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
+    unknown = set(spec) - SCALE_KEYS
+    if unknown:
+        raise ValueError(f"scale {name!r}: unknown keys {sorted(unknown)}; "
+                         f"valid: {sorted(SCALE_KEYS)}")
+    missing = {"pretrain", "finetune", "tasks"} - set(spec)
+    if missing:
+        raise ValueError(f"scale {name!r} needs {sorted(missing)}")
+    heldout = spec.get("heldout")
+    return Scale(name, tuple(spec["pretrain"]), tuple(spec["finetune"]),
+                 tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
+                 tuple(heldout) if heldout else None, spec.get("eval_examples"),
+                 spec.get("split", "validation"), spec.get("description", ""))
+
+
+@gin.configurable
+def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
+             axes: Mapping[str, Mapping[str, Any]] = gin.REQUIRED,
+             scales: Mapping[str, Mapping[str, Any]] = gin.REQUIRED,
+             rows: Optional[Sequence[Sequence[str]]] = None,
+             paper: Optional[Mapping[str, Sequence[float]]] = None,
+             paper_columns: Sequence[str] = (), paper_source: str = "",
+             accounting: Optional[Mapping[str, str]] = None, notes: str = "",
+             overrides: Optional[Mapping[str, Any]] = None,
+             scale: str = "tiny") -> Grid:
+    """The grid at `scale` (see the module docstring for the format). `overrides`:
+    `{cell label: option}`, extra lines for single cells (after the axes' lines)."""
+    if scale not in scales:
+        raise ValueError(f"grid {name!r} has no scale {scale!r}; scales: {list(scales)}")
+    cells = make_cells(axes, rows)
+    for label, option in (overrides or {}).items():
+        matches = [i for i, c in enumerate(cells) if c.label == label]
+        if not matches:
+            raise ValueError(f"override for unknown cell {label!r}; cells: "
+                             f"{[c.label for c in cells]}")
+        extra = _stage_lines(option, f"overrides/{label}")
+        cell = cells[matches[0]]
+        cells = cells[:matches[0]] + (dataclasses.replace(
+            cell, pretrain=cell.pretrain + extra["pretrain"],
+            finetune=cell.finetune + extra["finetune"]),) + cells[matches[0] + 1:]
+    paper = dict(paper or {})
+    labels = {c.label for c in cells}
+    stray = set(paper) - labels
+    if stray:
+        raise ValueError(f"paper values for unknown cells {sorted(stray)}; cells: {sorted(labels)}")
+    for label, values in paper.items():
+        if len(values) != len(paper_columns):
+            raise ValueError(f"paper row {label!r} has {len(values)} values for "
+                             f"{len(paper_columns)} paper_columns")
+    for role, label in (accounting or {}).items():
+        if label not in labels:
+            raise ValueError(f"accounting {role}: no cell {label!r}")
+    return Grid(name, title, tuple(axes), cells, make_scale(scale, scales[scale]), paper,
+                tuple(paper_columns), paper_source, dict(accounting or {}), notes)
+
+
+def load_grid(path: str, scale: str = "tiny", bindings: Sequence[str] = ()) -> Grid:
+    """Parse a grid gin file and build its `Grid` at `scale` (leaves gin cleared)."""
+    from t2t import gin_utils
+    gin_utils.parse([path], list(bindings) + [f"ablation.scale = {scale!r}"])
+    try:
+        return dataclasses.replace(ablation(), source=path, source_bindings=tuple(bindings))
+    finally:
+        gin.clear_config()

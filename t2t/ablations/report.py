@@ -1,0 +1,219 @@
+"""Renders a grid's finished cells: a markdown table in the paper's layout (our numbers,
+then the paper's published ones, labelled), a compute table, and a PNG plot.
+
+Our numbers are the mean over the seeds that finished, with ``±`` half their range (for 2
+seeds: half the difference), and ``n`` seeds where not every cell has the same count.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from t2t.ablations.grid import Cell, Grid
+
+Results = Dict[str, List[Dict[str, Any]]]   # cell key -> result per seed
+
+
+def metric_value(result: Dict[str, Any], task: str, metric: str) -> Optional[float]:
+    stage = result["finetune"].get(task, {})
+    value = stage.get("metrics", {}).get(metric)
+    return None if value is None else float(value)
+
+
+def heldout_perplexity(result: Dict[str, Any]) -> Optional[float]:
+    held = result["pretrain"].get("heldout")
+    if not held or held.get(held["metric"]) is None:
+        return None
+    return math.exp(min(float(held[held["metric"]]), 50.0))
+
+
+def columns(grid: Grid) -> List[Tuple[str, Any]]:
+    """(header, function of one result -> number) for our measured columns."""
+    cols = [(f"{task} {metric}", (lambda r, t=task, m=metric: metric_value(r, t, m)))
+            for task, metric in grid.scale.tasks]
+    if grid.scale.heldout:
+        cols.insert(0, ("held-out ppl", heldout_perplexity))
+    return cols
+
+
+def summarize(values: Sequence[Optional[float]]) -> Optional[Tuple[float, float, int]]:
+    """(mean, half range, n) of the present values."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return statistics.fmean(present), (max(present) - min(present)) / 2, len(present)
+
+
+def _fmt(summary: Optional[Tuple[float, float, int]], seeds: int, digits: int = 2) -> str:
+    if summary is None:
+        return "–"
+    mean, spread, n = summary
+    text = f"{mean:.{digits}f}"
+    if n > 1:
+        text += f" ±{spread:.{digits}f}"
+    if n != seeds:
+        text += f" (n={n})"
+    return text
+
+
+def _accounting(grid: Grid, results: Results) -> Dict[str, Dict[str, float]]:
+    """T5 Table 2's Params (in P) and Cost (in M) per cell, from the measured models:
+    non-embedding parameters over the P cell's, layer FLOPs per row (dense + attention,
+    no logits) over the M cell's."""
+    by_label = {c.label: c.key for c in grid.cells}
+    out: Dict[str, Dict[str, float]] = {}
+
+    def first(key: str) -> Optional[Dict[str, Any]]:
+        return results.get(key, [None])[0] if results.get(key) else None
+
+    def layer_flops(r: Dict[str, Any]) -> float:
+        f = r["pretrain"]["forward_flops_per_row"]
+        return f["dense"] + f["attention"]
+
+    p_ref = first(by_label[grid.accounting["P"]]) if "P" in grid.accounting else None
+    m_ref = first(by_label[grid.accounting["M"]]) if "M" in grid.accounting else None
+    for cell in grid.cells:
+        r = first(cell.key)
+        if r is None:
+            continue
+        row = {}
+        if p_ref:
+            row["P"] = r["pretrain"]["nonembedding_params"] / p_ref["pretrain"][
+                "nonembedding_params"]
+        if m_ref:
+            row["M"] = layer_flops(r) / layer_flops(m_ref)
+        out[cell.key] = row
+    return out
+
+
+def results_table(grid: Grid, results: Results) -> str:
+    """The paper's layout: one row per cell, our columns, then the paper's."""
+    cols = columns(grid)
+    seeds = len(grid.scale.seeds)
+    acct = _accounting(grid, results) if grid.accounting else {}
+    header = list(grid.axes)
+    if grid.accounting:
+        header += ["Params", "Cost"]
+    header += [h for h, _ in cols] + [f"paper: {c}" for c in grid.paper_columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in grid.cells:
+        row = [label for _, label in cell.labels]
+        if grid.accounting:
+            a = acct.get(cell.key, {})
+            row += [f"{a['P']:.2f}P" if "P" in a else "–", f"{a['M']:.2f}M" if "M" in a else "–"]
+        found = results.get(cell.key, [])
+        row += [_fmt(summarize([fn(r) for r in found]), seeds) for _, fn in cols]
+        paper = grid.paper.get(cell.label)
+        row += [f"{v:g}" for v in paper] if paper else ["–"] * len(grid.paper_columns)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _human(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def compute_table(grid: Grid, results: Results) -> str:
+    """Per cell (mean over its seeds): parameters, pretraining steps/tokens/FLOPs/wall,
+    fine-tuning FLOPs and wall summed over the downstream tasks."""
+    header = ["cell", "seeds", "params", "pretrain steps", "pretrain tokens", "pretrain FLOPs",
+              "pretrain wall", "fine-tune steps", "fine-tune FLOPs", "fine-tune + eval wall"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in grid.cells:
+        found = results.get(cell.key, [])
+        if not found:
+            lines.append(f"| {cell.label} | 0 |" + " – |" * (len(header) - 2))
+            continue
+        mean = lambda fn: statistics.fmean(fn(r) for r in found)  # noqa: E731
+        ft = lambda r, k: sum(s.get(k, 0) for s in r["finetune"].values())  # noqa: E731
+        lines.append("| " + " | ".join([
+            cell.label, str(len(found)), f"{found[0]['pretrain']['params']:,}",
+            f"{mean(lambda r: r['pretrain']['steps']):.0f}",
+            _human(mean(lambda r: r["pretrain"]["tokens"])),
+            _human(mean(lambda r: r["pretrain"]["flops"])),
+            f"{mean(lambda r: r['pretrain']['wall_s']):.0f} s",
+            f"{mean(lambda r: ft(r, 'steps')):.0f}",
+            _human(mean(lambda r: ft(r, "flops"))),
+            f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(grid: Grid, results: Results, path: str) -> str:
+    """Bars per cell for each measured column (whiskers: the seeds' range), and the
+    paper's first column for comparison of the ordering; saved as PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [(h, fn, None) for h, fn in columns(grid)]
+    if grid.paper_columns:
+        panels.append((f"paper: {grid.paper_columns[0]}", None, 0))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4.2),
+                             squeeze=False)
+    labels = [c.label for c in grid.cells]
+    for ax, (title, fn, paper_index) in zip(axes[0], panels):
+        means, errs = [], []
+        for cell in grid.cells:
+            if fn is None:
+                paper = grid.paper.get(cell.label)
+                means.append(paper[paper_index] if paper else math.nan)
+                errs.append(0.0)
+                continue
+            s = summarize([fn(r) for r in results.get(cell.key, [])])
+            means.append(s[0] if s else math.nan)
+            errs.append(s[1] if s else 0.0)
+        ax.bar(range(len(labels)), means, yerr=errs, capsize=3,
+               color="tab:gray" if fn is None else "tab:blue")
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+        finite = [m for m in means if not math.isnan(m)]
+        if finite:
+            lo, hi = min(finite), max(finite)
+            pad = (hi - lo) * 0.3 or abs(hi) * 0.05 or 1.0
+            ax.set_ylim(max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad)
+    fig.suptitle(f"{grid.title} (scale: {grid.scale.name})", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[str, str]:
+    """Write `<out_dir>/<grid>_<scale>.md` and `.png`; returns their paths."""
+    base = os.path.join(out_dir, f"{grid.name}_{grid.scale.name}")
+    finished = [r for rs in results.values() for r in rs]
+    png = plot(grid, results, base + ".png")
+    hardware = sorted({r["hardware"] for r in finished}) or ["–"]
+    dates = sorted(r["finished"][:10] for r in finished) or ["–"]
+    text = [f"# {grid.title} — scale `{grid.scale.name}`", "",
+            f"Produced by `{command}` on {', '.join(hardware)}; cells finished "
+            f"{dates[0]} … {dates[-1]}. Seeds {list(grid.scale.seeds)}: our numbers are the "
+            f"mean ±half the range over seeds, on the `{grid.scale.split}` split"
+            + (f" (first {grid.scale.eval_examples} examples)" if grid.scale.eval_examples
+               else "") + ".", ""]
+    if grid.scale.description:
+        text += [grid.scale.description, ""]
+    text += [results_table(grid, results), ""]
+    if grid.paper_columns:
+        text += [f"Columns `paper: …` are the published values ({grid.paper_source}), typed "
+                 "from the paper; they are for other tasks and scales, so compare orderings, "
+                 "not numbers.", ""]
+    if grid.accounting:
+        text += ["Params: non-embedding parameters relative to the "
+                 f"`{grid.accounting.get('P')}` cell (the paper's P); Cost: forward layer "
+                 "FLOPs per row (dense + attention, logits excluded) relative to the "
+                 f"`{grid.accounting.get('M')}` cell (the paper's M); both measured from the "
+                 "models that ran.", ""]
+    text += ["## Compute", "", compute_table(grid, results), "",
+             f"![{grid.name}]({os.path.basename(png)})", ""]
+    if grid.notes:
+        text += ["## Notes", "", grid.notes.strip(), ""]
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(text))
+    return base + ".md", png

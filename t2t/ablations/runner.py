@@ -1,0 +1,217 @@
+"""Runs an ablation grid's cells: pretrain -> fine-tune on each downstream task -> evaluate.
+
+Every stage writes its own JSON when it finishes (``pretrain/stage.json``,
+``finetune/<task>/stage.json``) next to its operative ``config.gin``; a cell's
+``result.json`` gathers them. A finished stage is never rerun and a stopped one resumes from
+its checkpoints, so a killed run continues where it stopped. Directory layout:
+``<out>/<grid>/<scale>/<cell key>/seed<k>/``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import platform
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+
+from t2t import gin_utils
+from t2t.ablations.grid import Cell, Grid
+
+_log = logging.getLogger(__name__)
+
+
+def stage_config(grid: Grid, lines: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(gin files, bindings) of a stage: the grid file first (its macros), then the stage's
+    files (lines ending in '.gin'), then its bindings and the grid's command-line ones."""
+    files = [line for line in lines if line.strip().endswith(".gin")
+             and not line.lstrip().startswith("include")]
+    bindings = [line for line in lines if line not in files]
+    return [grid.source] + files, bindings + list(grid.source_bindings)
+
+
+def cell_dir(out_dir: str, grid: Grid, cell: Cell, seed: int) -> str:
+    return os.path.join(out_dir, grid.name, grid.scale.name, cell.key, f"seed{seed}")
+
+
+def pretrain_dir(out_dir: str, grid: Grid, cell: Cell, seed: int) -> str:
+    """Where the cell pretrains: shared by cells whose pretraining lines are identical (BERT
+    Table 5's "+ BiLSTM" only changes fine-tuning), under the first such cell's key."""
+    owner = next(c for c in grid.cells if c.pretrain == cell.pretrain)
+    return os.path.join(out_dir, grid.name, grid.scale.name, owner.key, f"seed{seed}",
+                        "pretrain")
+
+
+def hardware() -> str:
+    """e.g. '8 x cpu (x86_64, 2 cores)'."""
+    devices = jax.devices()
+    return (f"{len(devices)} x {devices[0].platform} ({devices[0].device_kind}; "
+            f"{platform.machine()}, {os.cpu_count()} cores)")
+
+
+def _read(path: str) -> Optional[Dict[str, Any]]:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write(path: str, value: Dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _compute(result, wall_s: float) -> Dict[str, Any]:
+    """Steps, tokens and model FLOPs of a finished `fit` (this process's share of wall)."""
+    return {"steps": int(result.step), "tokens": int(result.step * result.tokens_per_step),
+            "flops": float(result.step * result.flops_per_step),
+            "flops_per_step": float(result.flops_per_step), "wall_s": round(wall_s, 1),
+            "final_loss": next((h["loss"] for h in reversed(result.history) if "loss" in h),
+                               None)}
+
+
+def _model_facts(exp) -> Dict[str, Any]:
+    """Parameter counts of the stage's model (all, and without the embedding table)."""
+    from t2t.models.families import count_params
+    model = exp.trainer.model
+    config = model.config
+    total = count_params(model.family, config)
+    tables = 1 if config.tie_embeddings else 2          # untied: an output projection too
+    embedding = tables * config.vocab_size * (config.embedding_dim or config.d_model)
+    return {"family": model.family, "params": int(total),
+            "nonembedding_params": int(total - embedding)}
+
+
+def forward_flops_per_row(exp) -> Dict[str, float]:
+    """Forward FLOPs of one batch row by part (dense, attention, logits): T5 Table 2's
+    cost M compares these (every cell's rows hold the same number of tokens)."""
+    from t2t.train import flops as flops_lib
+    from t2t.train.trainer import batch_geometry
+    model = exp.trainer.model
+    data = exp.data()
+    geometry = batch_geometry(model.family, next(data))
+    return flops_lib.forward_flops_breakdown(model.config, model.family, **geometry)
+
+
+def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str) -> Dict[str, Any]:
+    """Pretrain the cell (resuming), then score the held-out task if the scale has one."""
+    from t2t.data import tasks as tasks_lib
+    from t2t.train import experiment as experiment_lib
+    from t2t.train.trainer import fit
+    files, bindings = stage_config(grid, grid.scale.pretrain + cell.pretrain)
+    gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
+    exp = experiment_lib.experiment()
+    config_str = experiment_lib.write_operative_config(exp)
+    start = time.perf_counter()
+    result = fit(exp.trainer, exp.data(), config_str=config_str)
+    stage = {**_compute(result, time.perf_counter() - start), **_model_facts(exp),
+             "stopped_by": result.stopped_by}
+    stage["forward_flops_per_row"] = forward_flops_per_row(exp)
+    if grid.scale.heldout and result.stopped_by == "done":
+        task, metric = grid.scale.heldout
+        exp.eval_task = tasks_lib.get_task(task)
+        scores = exp.trainer.evaluate(result.state.params, exp.eval_data(), steps=None)
+        stage["heldout"] = {"task": task, "metric": metric, **scores}
+    return stage
+
+
+def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
+             model_dir: str) -> Dict[str, Any]:
+    """Fine-tune the pretrained cell on `task` and score the scale's split."""
+    from t2t.train import finetune as finetune_lib
+    files, bindings = stage_config(grid, grid.scale.finetune + cell.finetune)
+    gin_utils.parse(files, bindings + [
+        f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",
+        f"MIXTURE_OR_TASK_NAME = {task!r}", f"SEED = {seed}",
+        f"evaluate_experiment.max_examples = {grid.scale.eval_examples!r}"])
+    out = finetune_lib.run([grid.scale.split])
+    if out["metrics"] is None:
+        return {"stopped_by": "preempted"}
+    stage = _compute(out["result"], out["train_seconds"])
+    stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done",
+                 metrics=out["metrics"][f"{task}/{grid.scale.split}"])
+    return stage
+
+
+def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
+             progress: Callable[[str], None] = print) -> Dict[str, Any]:
+    """One cell at one seed, every finished stage reused; returns its result."""
+    root = cell_dir(out_dir, grid, cell, seed)
+    done = _read(os.path.join(root, "result.json"))
+    if done is not None:
+        progress(f"{cell.label} (seed {seed}): cached")
+        return done
+    pre_dir = pretrain_dir(out_dir, grid, cell, seed)
+    stage_path = os.path.join(pre_dir, "stage.json")
+    pre = _read(stage_path)
+    if pre is None:
+        progress(f"{cell.label} (seed {seed}): pretraining")
+        pre = pretrain(grid, cell, seed, pre_dir)
+        if pre["stopped_by"] != "done":
+            return {"stopped_by": pre["stopped_by"]}
+        _write(stage_path, pre)
+    downstream = {}
+    for task, _ in grid.scale.tasks:
+        ft_dir = os.path.join(root, "finetune", task)
+        path = os.path.join(ft_dir, "stage.json")
+        stage = _read(path)
+        if stage is None:
+            progress(f"{cell.label} (seed {seed}): fine-tuning on {task}")
+            stage = finetune(grid, cell, seed, task, pre_dir, ft_dir)
+            if stage["stopped_by"] != "done":
+                return {"stopped_by": stage["stopped_by"]}
+            _write(path, stage)
+        downstream[task] = stage
+    result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
+              "labels": dict(cell.labels), "label": cell.label, "seed": seed,
+              "pretrain": pre, "finetune": downstream, "hardware": hardware(),
+              "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                  timespec="seconds")}
+    if jax.process_index() == 0:
+        _write(os.path.join(root, "result.json"), result)
+    return result
+
+
+def shard(items: Sequence[Any], spec: Optional[str]) -> List[Any]:
+    """`'i/n'`: every n-th item starting at i (so n hosts split a grid); None: all."""
+    if not spec:
+        return list(items)
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard takes i/n such as 0/4, got {spec!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= i < n")
+    return list(items)[i::n]
+
+
+def run_grid(grid: Grid, out_dir: str, cells: Sequence[Cell], seeds: Sequence[int],
+             shard_spec: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Every (cell, seed) of the selection, in order (this shard's share of them)."""
+    work = shard([(c, s) for s in seeds for c in cells], shard_spec)
+    results = []
+    for n, (cell, seed) in enumerate(work, 1):
+        def progress(message: str, n=n) -> None:
+            print(f"[{grid.name} {grid.scale.name} {n}/{len(work)}] {message}", flush=True)
+        start = time.perf_counter()
+        results.append(run_cell(grid, cell, seed, out_dir, progress))
+        progress(f"{cell.label} (seed {seed}): {time.perf_counter() - start:.0f} s")
+    return results
+
+
+def load_results(grid: Grid, out_dir: str) -> Dict[str, List[Dict[str, Any]]]:
+    """{cell key: [result per finished seed]} for the grid's cells."""
+    found = {}
+    for cell in grid.cells:
+        root = os.path.dirname(cell_dir(out_dir, grid, cell, 0))
+        seeds = sorted(d for d in os.listdir(root) if d.startswith("seed")) if \
+            os.path.isdir(root) else []
+        found[cell.key] = [r for r in (_read(os.path.join(root, d, "result.json"))
+                                       for d in seeds) if r is not None]
+    return found

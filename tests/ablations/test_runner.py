@@ -1,0 +1,113 @@
+"""`t2t ablate` end to end on a two-cell grid of test-sized models: every stage runs, finished
+stages are cached (a rerun trains nothing), a lost stage reruns alone, and the report
+renders our numbers beside the paper's with the P/M accounting."""
+import json
+import os
+
+import pytest
+
+from t2t.ablations import grid as grid_lib, report, runner
+from t2t.cli import main
+
+FAST = ["'TrainConfig.log_every = 1'", "'TrainConfig.progress_bar = False'",
+        "'TrainConfig.async_checkpoint = False'", "'TrainConfig.measure_peak = False'",
+        "'BATCH_SIZE = 8'", "'TRAIN_STEPS = 2'",
+        "\"TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 16}\""]
+GRID = f"""
+MICRO = {{
+    'pretrain': ['runs/pretrain.gin', 'hardware/cpu.gin', 'models/t5/1_1/test.gin',
+                 'objectives/iid_15_u_u.gin', 'CORPUS = "bible_web"', {", ".join(FAST)}],
+    'finetune': ['runs/finetune.gin', 'hardware/cpu.gin', 'models/t5/1_1/test.gin',
+                 'evaluate_experiment.batch_size = 8', {", ".join(FAST)}],
+    'tasks': {{'bible_style_kjv_to_web': 'bleu'}},
+    'seeds': [0],
+    'eval_examples': 8,
+}}
+ablation.name = 'micro'
+ablation.title = 'Micro'
+ablation.scales = {{'tiny': %MICRO}}
+ablation.axes = {{'Architecture': {{
+    'Encoder-decoder': [],
+    'Prefix LM': ["MODEL_FAMILY = 'gpt'", "experiment.converter = 'prefix_lm'"]}}}}
+ablation.accounting = {{'P': 'Prefix LM', 'M': 'Encoder-decoder'}}
+ablation.paper_columns = ['GLUE']
+ablation.paper = {{'Encoder-decoder': [83.28], 'Prefix LM': [81.82]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ablate")
+    path = root / "micro.gin"
+    path.write_text(GRID)
+    out, docs = root / "runs", root / "docs"
+    main(["ablate", str(path), "--scale=tiny", f"--out_dir={out}", f"--docs_dir={docs}"])
+    return grid_lib.load_grid(str(path), "tiny"), str(out), str(docs)
+
+
+def test_every_cell_ran_every_stage(ran):
+    grid, out, _ = ran
+    results = runner.load_results(grid, out)
+    for cell in grid.cells:
+        (result,) = results[cell.key]
+        pre, ft = result["pretrain"], result["finetune"]["bible_style_kjv_to_web"]
+        assert pre["steps"] == 2 and pre["flops"] == 2 * pre["flops_per_step"] > 0
+        assert ft["steps"] == 2 and 0.0 <= ft["metrics"]["bleu"] <= 100.0
+        root = runner.cell_dir(out, grid, cell, 0)
+        assert os.path.exists(os.path.join(root, "pretrain", "config.gin"))
+    families = {k: r[0]["pretrain"]["family"] for k, r in results.items()}
+    assert families == {"encoder_decoder": "t5", "prefix_lm": "gpt"}
+
+
+def test_finished_stages_are_cached_and_a_lost_one_reruns_alone(ran, monkeypatch):
+    grid, out, _ = ran
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished stage ran again")
+
+    monkeypatch.setattr(runner, "pretrain", must_not_run)
+    monkeypatch.setattr(runner, "finetune", must_not_run)
+    assert len(runner.run_grid(grid, out, grid.cells, [0])) == 2
+
+    cell = grid.cells[0]
+    root = runner.cell_dir(out, grid, cell, 0)
+    stage_path = os.path.join(root, "finetune", "bible_style_kjv_to_web", "stage.json")
+    with open(stage_path) as f:
+        stage = json.load(f)
+    os.remove(stage_path)
+    os.remove(os.path.join(root, "result.json"))
+    calls = []
+
+    def fake_finetune(grid_, cell_, seed, task, pretrained_dir, model_dir):
+        calls.append((cell_.key, task, pretrained_dir))
+        return stage
+
+    monkeypatch.setattr(runner, "finetune", fake_finetune)
+    runner.run_cell(grid, cell, 0, out, progress=lambda m: None)
+    assert calls == [(cell.key, "bible_style_kjv_to_web", runner.pretrain_dir(out, grid, cell, 0))]
+    assert os.path.exists(os.path.join(root, "result.json"))
+
+
+def test_report_puts_our_numbers_beside_the_papers(ran):
+    grid, out, docs = ran
+    md = open(os.path.join(docs, "micro_tiny.md")).read()
+    assert os.path.getsize(os.path.join(docs, "micro_tiny.png")) > 1000
+    rows = {}                      # the results table's rows (the compute table comes later)
+    for line in md.splitlines():
+        if line.startswith("| Encoder-decoder") or line.startswith("| Prefix LM"):
+            rows.setdefault(line.split(" | ")[0].strip("| "), line.split(" | "))
+    # Architecture | Params | Cost | bleu | paper: GLUE
+    assert rows["Prefix LM"][1] == "1.00P" and rows["Encoder-decoder"][2] == "1.00M"
+    assert float(rows["Encoder-decoder"][1].rstrip("P")) > 1.5      # two stacks: ~2P
+    assert rows["Encoder-decoder"][-1].strip(" |") == "83.28"
+    assert "t2t ablate" in md and "## Compute" in md
+
+
+def test_summaries_and_shards():
+    assert report.summarize([1.0, None, 3.0]) == (2.0, 1.0, 2)
+    assert report.summarize([None]) is None
+    assert report._fmt((2.0, 1.0, 2), seeds=2) == "2.00 ±1.00"
+    assert report._fmt((2.0, 0.0, 1), seeds=2) == "2.00 (n=1)"
+    assert runner.shard(list(range(7)), "1/3") == [1, 4]
+    with pytest.raises(ValueError, match="i/n"):
+        runner.shard([1], "1-3")
