@@ -26,6 +26,25 @@ def register_configurables() -> None:
     import t2t.train.trainer  # noqa: F401
 
 
+def _tolerate_namespace_packages() -> None:
+    """gin also looks for an include such as 'runs/finetune.gin' inside an importable
+    package `runs`; a plain `runs/` directory in the working directory (a MODEL_DIR parent)
+    is a namespace package without a file, and gin's check crashes on it (TypeError) instead
+    of answering "not there". Make that check answer False."""
+    from gin import resource_reader
+
+    def exists(path: str) -> bool:
+        try:
+            return resource_reader.system_path_file_exists(path)
+        except TypeError:
+            return False
+
+    readers = gin.config._FILE_READERS
+    for i, (reader, check) in enumerate(readers):
+        if check is resource_reader.system_path_file_exists:
+            readers[i] = (reader, exists)
+
+
 def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
           clear: bool = True) -> None:
     """Parse gin files (paths, or relative to `configs/`) and bindings.
@@ -34,6 +53,7 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
     gin's file and line plus the nearest valid names.
     """
     register_configurables()
+    _tolerate_namespace_packages()
     if clear:
         gin.clear_config()
     for path in (CONFIG_DIR, pathlib.Path.cwd()):

@@ -109,9 +109,10 @@ class FinetuneTask(Task):
                              seed, **kwargs)
 
     def examples(self, split: str, max_examples: int | None = None) -> list[dict]:
-        """The preprocessed examples of a split, in source order (for evaluation)."""
+        """The preprocessed examples of a split, in source order (for evaluation); with
+        ``max_examples``, those of records evenly spread over the split (``spread``)."""
         source, out = self.get_source(split), []
-        for i in range(len(source)):
+        for i in spread(len(source), max_examples):
             record = source[i]
             if isinstance(record, InvalidRecord):
                 continue
@@ -493,6 +494,14 @@ def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     return a, min(len_b, budget - a)
 
 
+def spread(n: int, k: int | None) -> Sequence[int]:
+    """``k`` indices evenly spread over ``range(n)``, in order (all of them when ``k`` is
+    None or >= n): a subset that keeps the label mix of a split stored sorted by label."""
+    if k is None or k >= n:
+        return range(n)
+    return [i * n // k for i in range(k)]
+
+
 def classification_examples(task: str | FinetuneTask, split: str, vocabulary: Any,
                             max_length: int, max_examples: int | None = None
                             ) -> dict[str, np.ndarray]:
@@ -507,8 +516,7 @@ def classification_examples(task: str | FinetuneTask, split: str, vocabulary: An
     if getattr(task, "encoder_pair_fn", None) is None:
         raise ValueError(f"task {task.name!r} has no sentence-pair form for encoder models")
     source = task.get_source(split)
-    n = len(source) if max_examples is None else min(len(source), max_examples)
-    pairs = [task.encoder_pair_fn(r) for r in (source[i] for i in range(n))
+    pairs = [task.encoder_pair_fn(r) for r in (source[i] for i in spread(len(source), max_examples))
              if not isinstance(r, InvalidRecord)]
     a_ids = vocabulary.encode_batch([p[0] for p in pairs], add_special_tokens=False)
     b_ids = vocabulary.encode_batch([p[1] or "" for p in pairs], add_special_tokens=False)

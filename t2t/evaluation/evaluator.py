@@ -123,7 +123,8 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
              max_decode_length: int | None = None, max_examples: int | None = None,
              sequence_length: Mapping[str, int] | None = None, max_length: int = 512,
              prefix_lm: bool = True, **decode_options) -> dict[str, float]:
-    """Scores of ``model`` on ``task``'s ``split`` (first ``max_examples`` examples).
+    """Scores of ``model`` on ``task``'s ``split`` (``max_examples`` evenly spread
+    over it, as ``benchmarks.spread``).
 
     ``vocabulary``: for text-to-text models the one inputs are encoded and predictions
     decoded with (default: the task's); for ``bert`` classifiers the WordPiece vocabulary

@@ -208,7 +208,7 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     """A `SequenceClassifier` over `task`'s labels, inputs cut to `max_length`. Config and
     WordPiece vocabulary come from the Hugging Face directory `pretrained`, else from the
     TransformerConfig bindings and `vocabulary` (a vocab.txt). `max_train_examples`: train
-    on the first ones only (quick runs). `pooling` ("cls" | "last") and `bilstm_units` (a
+    on that many, evenly spread over the split (quick runs). `pooling` ("cls" | "last") and `bilstm_units` (a
     fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's LTR rows fine-tune with
     `TransformerConfig.encoder_causal = True` and "last" or a BiLSTM."""
     from t2t.convert import hf
@@ -228,14 +228,17 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     if vocabulary is None:
         raise ValueError("classifier_experiment needs a WordPiece `vocabulary` (vocab.txt) "
                          "or a Hugging Face `pretrained` directory")
+    wordpiece = WordPieceVocabulary(vocabulary, lowercase=lowercase)
+    if not is_hf_dir(pretrained or "") and model_cfg.vocab_size != wordpiece.padded_vocab_size:
+        # as `experiment()` did when pretraining on this vocabulary
+        model_cfg = model_cfg.replace(vocab_size=wordpiece.padded_vocab_size)
     model = SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
                                bilstm_units=bilstm_units)
     train_cfg = TrainConfig()
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
                else experiment_lib.make_trainer(model, train_cfg))
-    return ClassifierExperiment(trainer, task_obj, None, batch_size, None,
-                                WordPieceVocabulary(vocabulary, lowercase=lowercase),
+    return ClassifierExperiment(trainer, task_obj, None, batch_size, None, wordpiece,
                                 max_length, max_train_examples)
 
 
@@ -309,7 +312,7 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
                         max_examples: Optional[int] = None, **decode_options
                         ) -> Dict[str, Dict[str, float]]:
     """`{"<task>/<split>": metrics}` of the experiment's model on its task's splits (the
-    first `max_examples` of each); `decode_options` go to `model.predict`."""
+    `max_examples` of each, evenly spread); `decode_options` go to `model.predict`."""
     model, results = exp.trainer.model, {}
     if _is_classifier(exp):
         kwargs = {"vocabulary": exp.vocabulary, "max_length": exp.max_length}

@@ -256,3 +256,12 @@ def test_register_benchmark_tasks(spm):
     finally:
         for name in names:
             remove_task(name)
+
+
+def test_spread_keeps_the_label_mix_of_a_sorted_split():
+    from t2t.data.benchmarks import spread
+    labels = ["a"] * 50 + ["b"] * 30 + ["c"] * 20        # stored sorted by label, as BBC's
+    picked = [labels[i] for i in spread(len(labels), 10)]
+    assert picked == ["a"] * 5 + ["b"] * 3 + ["c"] * 2
+    assert list(spread(7, None)) == list(range(7)) == list(spread(7, 9))
+    assert len(set(spread(1000, 999))) == 999

@@ -9,6 +9,7 @@ import pytest
 
 from t2t.data import builders, bundled, offline
 from t2t.data.converters import EncDecConverter
+from t2t.data.benchmarks import spread
 from t2t.data.tasks import bible_sentencepiece, get_task, registered_tasks
 from t2t.evaluation.evaluator import compute_metrics
 
@@ -171,7 +172,9 @@ def test_classification_examples(tasks, data_dir, wordpiece):
     assert set(pairs) == {"encoder_input_tokens", "encoder_segment_ids", "token_type_ids",
                           "label"}
     assert pairs["encoder_input_tokens"].shape == (6, 24)
-    np.testing.assert_array_equal(pairs["label"], [1, 0, 1, 0, 1, 0])
+    test = get_task("bible_paraphrase_kjv_web").get_source("test")   # alternates 1, 0
+    picked = spread(len(test), 6)                                   # evenly spread records
+    np.testing.assert_array_equal(pairs["label"], [1 - i % 2 for i in picked])
     assert (pairs["encoder_segment_ids"].sum(1) == 24).all()  # verse pairs fill 24 tokens
     types = pairs["token_type_ids"]
     assert ((types[:, 1:] - types[:, :-1]) >= 0).all() and types[:, -1].all()  # A... then B...

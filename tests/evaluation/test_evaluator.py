@@ -100,10 +100,10 @@ def test_fixed_wrong_answers_hand_computed(spm):
     unknown = FakeT5(spm.encode("maybe") + [spm.eos_id])
     assert evaluator.evaluate(unknown, None, task, "test", vocabulary=spm,
                               batch_size=8) == {"f1": 0.0, "accuracy": 0.0}
-    # max_examples: the first three (ham, ham, spam) -> precision 1/3, recall 1: F1 50.
+    # max_examples=4 spreads over the 5: records 0-3 (ham, ham, spam, ham) -> precision 1/4,
+    # recall 1: F1 40.
     assert evaluator.evaluate(always_spam, None, task, "test", vocabulary=spm, batch_size=8,
-                              max_examples=3) == pytest.approx({"f1": 50.0,
-                                                                "accuracy": 100 / 3})
+                              max_examples=4) == pytest.approx({"f1": 40.0, "accuracy": 25.0})
 
 
 def test_lengths_and_decode_options_reach_predict(spm):

@@ -72,3 +72,15 @@ def test_periodic_evaluation_on_an_eval_task(tmp_path):
     result = experiment.run()
     evals = [h for h in result.history if "eval/loss" in h]
     assert len(evals) == 1 and evals[0]["step"] == 2 and evals[0]["eval/loss"] > 0
+
+
+def test_a_runs_directory_on_the_python_path_does_not_break_includes(tmp_path, monkeypatch):
+    """`runs/` (a MODEL_DIR parent) importable as a namespace package once crashed gin's
+    lookup of `include 'runs/finetune.gin'`."""
+    import importlib
+    (tmp_path / "runs").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    gin_utils.parse(["experiments/finetune_t5_tiny_bible_en_es.gin"],
+                    ["MODEL_DIR = '/tmp/x'", "INITIAL_CHECKPOINT = None"])
+    assert gin_utils.query_macro("MIXTURE_OR_TASK_NAME") == "bible_translate_en_es"
