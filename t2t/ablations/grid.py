@@ -24,7 +24,7 @@ import gin
 
 STAGES = ("pretrain", "finetune")
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
-              "description"}
+              "description", "averages"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Scale:
     eval_examples: Optional[int] = None   # score the first ones of the split (None: all)
     split: str = "validation"             # the papers report dev-set numbers
     description: str = ""
+    averages: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (column, tasks): T5's "GLUE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +139,16 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
     if missing:
         raise ValueError(f"scale {name!r} needs {sorted(missing)}")
     heldout = spec.get("heldout")
+    averages = tuple((column, tuple(names)) for column, names in
+                     dict(spec.get("averages", {})).items())
+    unknown_tasks = {t for _, names in averages for t in names} - set(dict(spec["tasks"]))
+    if unknown_tasks:
+        raise ValueError(f"scale {name!r}: averages over tasks not in `tasks`: "
+                         f"{sorted(unknown_tasks)}")
     return Scale(name, tuple(spec["pretrain"]), tuple(spec["finetune"]),
                  tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
                  tuple(heldout) if heldout else None, spec.get("eval_examples"),
-                 spec.get("split", "validation"), spec.get("description", ""))
+                 spec.get("split", "validation"), spec.get("description", ""), averages)
 
 
 @gin.configurable

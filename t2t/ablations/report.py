@@ -29,10 +29,21 @@ def heldout_perplexity(result: Dict[str, Any]) -> Optional[float]:
     return math.exp(min(float(held[held["metric"]]), 50.0))
 
 
+def average(result: Dict[str, Any], tasks: Sequence[Tuple[str, str]]) -> Optional[float]:
+    """Mean of the tasks' reported metrics (None unless all are there), as T5's GLUE."""
+    values = [metric_value(result, t, m) for t, m in tasks]
+    return None if any(v is None for v in values) else statistics.fmean(values)
+
+
 def columns(grid: Grid) -> List[Tuple[str, Any]]:
-    """(header, function of one result -> number) for our measured columns."""
-    cols = [(f"{task} {metric}", (lambda r, t=task, m=metric: metric_value(r, t, m)))
-            for task, metric in grid.scale.tasks]
+    """(header, function of one result -> number) for our measured columns: the scale's
+    averages, then each task that is in no average."""
+    metric_of = dict(grid.scale.tasks)
+    grouped = {t for _, names in grid.scale.averages for t in names}
+    cols = [(column, (lambda r, ts=tuple((t, metric_of[t]) for t in names): average(r, ts)))
+            for column, names in grid.scale.averages]
+    cols += [(f"{task} {metric}", (lambda r, t=task, m=metric: metric_value(r, t, m)))
+             for task, metric in grid.scale.tasks if task not in grouped]
     if grid.scale.heldout:
         cols.insert(0, ("held-out ppl", heldout_perplexity))
     return cols

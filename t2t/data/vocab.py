@@ -75,6 +75,7 @@ class SentencePieceVocabulary(Vocabulary):
 
     def __init__(self, model_file: str | os.PathLike | bytes, extra_ids: int = 100):
         proto = model_file if isinstance(model_file, bytes) else Path(model_file).read_bytes()
+        self.model_file = None if isinstance(model_file, bytes) else str(model_file)
         self._proto, self.extra_ids = proto, extra_ids
         self._sp = self._load(proto, extra_ids)
         self._base_size = self._sp.get_piece_size() - extra_ids

@@ -15,6 +15,7 @@ import gin
 import jax
 import numpy as np
 
+import t2t.data.paper  # noqa: F401  registers the C4 and benchmark tasks
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.models.base import LossConfig

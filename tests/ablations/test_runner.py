@@ -111,3 +111,21 @@ def test_summaries_and_shards():
     assert runner.shard(list(range(7)), "1/3") == [1, 4]
     with pytest.raises(ValueError, match="i/n"):
         runner.shard([1], "1-3")
+
+
+def test_average_columns_need_every_task_of_their_group():
+    grid = grid_lib.ablation(
+        name="g", title="G", axes={"A": {"x": []}},
+        scales={"tiny": {"pretrain": [], "finetune": [], "tasks": {"a": "accuracy", "b": "f1",
+                                                                     "c": "bleu"},
+                         "averages": {"GLUE": ["a", "b"]}}})
+    cols = dict(report.columns(grid))
+    assert list(cols) == ["GLUE", "c bleu"]
+    result = {"finetune": {"a": {"metrics": {"accuracy": 80.0}}, "b": {"metrics": {"f1": 60.0}},
+                           "c": {"metrics": {"bleu": 20.0}}}}
+    assert cols["GLUE"](result) == 70.0 and cols["c bleu"](result) == 20.0
+    del result["finetune"]["b"]
+    assert cols["GLUE"](result) is None
+    with pytest.raises(ValueError, match="averages over tasks not in `tasks`"):
+        grid_lib.make_scale("s", {"pretrain": [], "finetune": [], "tasks": {"a": "x"},
+                                  "averages": {"G": ["z"]}})

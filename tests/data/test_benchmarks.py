@@ -246,7 +246,9 @@ def test_truncate_pair_matches_berts_loop():
 
 
 def test_register_benchmark_tasks(spm):
-    names = B.register_benchmark_tasks(spm)
+    from t2t.data import tasks as T
+    before = {n: T.get_task(n) for n in T.registered_tasks()}   # t2t.data.paper's, if imported
+    names = B.register_benchmark_tasks(spm, overwrite=True)
     try:
         assert get_task("glue_cola").vocabulary is spm and "squad_v2_0" in names
         with pytest.raises(ValueError, match="already registered"):
@@ -256,6 +258,8 @@ def test_register_benchmark_tasks(spm):
     finally:
         for name in names:
             remove_task(name)
+            if name in before:
+                T.register_task(before[name])
 
 
 def test_spread_keeps_the_label_mix_of_a_sorted_split():

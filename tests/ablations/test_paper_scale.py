@@ -1,0 +1,49 @@
+"""The `paper` scales, validated on CPU: every cell's paper config is built and its train
+step compiled and run for two steps at a test-sized model shape on mock TFDS data (only
+the sizes, mesh and step counts are overridden; objectives, converters, architectures,
+schedules, dtype and scanning are the paper's)."""
+import tensorflow_datasets as tfds
+import pytest
+
+from t2t.ablations import grid as grid_lib, runner
+from t2t.data.tasks import bible_sentencepiece
+
+SHAPE = ["TransformerConfig.d_model = 32", "TransformerConfig.d_ff = 64",
+         "TransformerConfig.num_heads = 2", "TransformerConfig.head_dim = 16",
+         "NUM_LAYERS = 2", "HALF_LAYERS = 1",
+         "MeshConfig.data = -1", "MeshConfig.fsdp = 1", "MeshConfig.tensor = 1",
+         "BATCH_SIZE = 8", "TrainConfig.log_every = 1", "TrainConfig.progress_bar = False",
+         "TrainConfig.async_checkpoint = False", "TrainConfig.measure_peak = False"]
+T5_SMALL = SHAPE + ["T5_PAPER_PRETRAIN_STEPS = 2", "T5_PAPER_FINETUNE_STEPS = 2",
+                    "DENOISING_LENGTHS = {'inputs': 32, 'targets': 16}",
+                    "LM_LENGTHS = {'inputs': 16, 'targets': 16}"]
+T5_CELLS = [c.key for c in grid_lib.load_grid("configs/ablations/t5_table2.gin", "paper",
+                                              ["T5_VOCABULARY = 'unused'"]).cells]
+CI_CELLS = {"denoising-enc_dec_shared", "lm-language_model"}   # the rest: -m slow
+
+
+def _t5_grid():
+    vocab = bible_sentencepiece().model_file     # a local SentencePiece stands in for T5's
+    return grid_lib.load_grid("configs/ablations/t5_table2.gin", "paper",
+                              T5_SMALL + [f"T5_VOCABULARY = {vocab!r}"])
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=() if k in CI_CELLS else pytest.mark.slow)
+                                 for k in T5_CELLS])
+def test_t5_table2_paper_cell_pretrains_on_mock_c4(key, tmp_path):
+    grid = _t5_grid()
+    (cell,) = [c for c in grid.cells if c.key == key]
+    with tfds.testing.mock_data(num_examples=16):
+        stage = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+    assert stage["stopped_by"] == "done" and stage["steps"] == 2
+    assert stage["family"] == ("gpt" if "language_model" in key or "prefix" in key else "t5")
+
+
+def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):
+    grid = _t5_grid()
+    cell = grid.select(["denoising-enc_dec_shared"])[0]
+    with tfds.testing.mock_data(num_examples=16):
+        runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+        stage = runner.finetune(grid, cell, 0, "glue_rte", str(tmp_path / "pretrain"),
+                                str(tmp_path / "rte"))
+    assert stage["steps"] == 2 and 0.0 <= stage["metrics"]["accuracy"] <= 100.0
