@@ -58,9 +58,9 @@ class TrainConfig:
     peak_flops: Optional[float] = None  # per device; None: the datasheet value if known
     measure_peak: bool = False   # no datasheet value (CPU): measure a matmul at start-up
     progress_bar: bool = True
-    # Dropout masks' generator: "rbg" made a dropout-0.1 T5 step 1.7x faster than
-    # "threefry2x32" on CPU (benchmarks/RESULTS.md); parameter init stays threefry.
-    dropout_rng_impl: str = "rbg"
+    # Generator of the dropout masks (parameter init is always threefry). On CPU "rbg" and
+    # "unsafe_rbg" were no faster (benchmarks/dropout_rng.py); TPU setups often pick them.
+    dropout_rng_impl: str = "threefry2x32"
 
 
 class NonFiniteLossError(RuntimeError):

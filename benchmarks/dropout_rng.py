@@ -1,0 +1,73 @@
+"""Train-step time of a dropout-0.1 T5 with dropout masks from each PRNG implementation.
+
+The T5 1.0 architecture at the `tiny` ablation size (d_model 128, 2+2 layers, 4 heads of 32,
+d_ff 512, the 8k Bible vocabulary), span-corruption batch 32 x (inputs + targets), the full t2t
+train step (Trainer: forward, backward, Adafactor, donation). ``TrainConfig.dropout_rng_impl``
+picks the generator of the dropout masks; parameter init is the same for all. Timed
+interleaved (A, B, C, A, B, C, ...) so machine load hits every variant alike.
+
+    python benchmarks/dropout_rng.py [--rounds 5] [--no-write]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402
+
+IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def step_fn(impl: str, dropout: float, inputs: int, targets: int):
+    """A zero-argument function running one train step (state carried between calls)."""
+    import jax
+    from t2t import gin_utils
+    from t2t.train import experiment
+    gin_utils.parse(
+        ["runs/pretrain.gin", "hardware/cpu.gin", "ablations/scales/t5_tiny_model.gin",
+         "objectives/iid_15_u_u.gin"],
+        ["MODEL_DIR = '/tmp/t2t_dropout_rng'", "BATCH_SIZE = 32", "CORPUS = 'bible_web'",
+         f"TASK_FEATURE_LENGTHS = {{'inputs': {inputs}, 'targets': {targets}}}",
+         f"TransformerConfig.dropout_rate = {dropout}",
+         f"TransformerConfig.mlp_dropout_rate = {dropout}",
+         f"TrainConfig.dropout_rng_impl = {impl!r}"])
+    exp = experiment.experiment()
+    batch = next(exp.data())
+    box = [exp.trainer.init_state(batch)]
+
+    def run():
+        box[0], metrics = exp.trainer.train_step(box[0], batch)
+        jax.block_until_ready(metrics["loss"])
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--inputs", type=int, default=64)
+    parser.add_argument("--targets", type=int, default=32)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    shape = (args.inputs, args.targets)
+    fns = {f"{impl}, dropout 0.1": step_fn(impl, 0.1, *shape) for impl in IMPLS}
+    fns["no dropout"] = step_fn("threefry2x32", 0.0, *shape)
+    times = _common.interleaved(fns, args.rounds, warmup=2)
+    base = _common.median(times["threefry2x32, dropout 0.1"])
+    rows = [[name, f"{_common.median(t):.3f}", f"{base / _common.median(t):.2f}x"]
+            for name, t in times.items()]
+    table = _common.markdown_table(["dropout masks", "median step (s)", "speed-up"], rows)
+    print(table)
+    if not args.no_write:
+        _common.append_results(
+            "Dropout PRNG: train step of the tiny-ablation T5 (dropout 0.1)",
+            f"{_common.machine_line('jax', 'flax')} Load: {_common.loadavg()}.\n"
+            f"`python benchmarks/dropout_rng.py --rounds {args.rounds} --inputs {args.inputs} "
+            f"--targets {args.targets}`: batch 32 x ({args.inputs} + {args.targets}), median "
+            f"of {args.rounds} interleaved rounds.\n\n{table}")
+
+
+if __name__ == "__main__":
+    main()
