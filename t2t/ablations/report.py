@@ -99,6 +99,16 @@ def _accounting(grid: Grid, results: Results) -> Dict[str, Dict[str, float]]:
     return out
 
 
+def paper_digits(grid: Grid) -> List[int]:
+    """Decimals per paper column, as printed in the paper (the most any value shows:
+    gin reads 38.40 as 38.4)."""
+    def decimals(v: float) -> int:
+        text = repr(float(v))
+        return 0 if text.endswith(".0") else len(text.split(".")[1])
+    return [max((decimals(row[i]) for row in grid.paper.values()), default=0)
+            for i in range(len(grid.paper_columns))]
+
+
 def results_table(grid: Grid, results: Results) -> str:
     """The paper's layout: one row per cell, our columns, then the paper's."""
     cols = columns(grid)
@@ -109,6 +119,7 @@ def results_table(grid: Grid, results: Results) -> str:
         header += ["Params", "Cost"]
     header += [h for h, _ in cols] + [f"paper: {c}" for c in grid.paper_columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    digits = paper_digits(grid)
     for cell in grid.cells:
         row = [label for _, label in cell.labels]
         if grid.accounting:
@@ -117,7 +128,8 @@ def results_table(grid: Grid, results: Results) -> str:
         found = results.get(cell.key, [])
         row += [_fmt(summarize([fn(r) for r in found]), seeds) for _, fn in cols]
         paper = grid.paper.get(cell.label)
-        row += [f"{v:g}" for v in paper] if paper else ["–"] * len(grid.paper_columns)
+        row += ([f"{v:.{d}f}" for v, d in zip(paper, digits)] if paper
+                else ["–"] * len(grid.paper_columns))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -206,8 +218,8 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
             f"Produced by `{command}` on {', '.join(hardware)}; cells finished "
             f"{dates[0]} … {dates[-1]}. Seeds {list(grid.scale.seeds)}: our numbers are the "
             f"mean ±half the range over seeds, on the `{grid.scale.split}` split"
-            + (f" (first {grid.scale.eval_examples} examples)" if grid.scale.eval_examples
-               else "") + ".", ""]
+            + (f" ({grid.scale.eval_examples} examples spread evenly over it)"
+               if grid.scale.eval_examples else "") + ".", ""]
     if grid.scale.description:
         text += [grid.scale.description, ""]
     text += [results_table(grid, results), ""]
