@@ -73,3 +73,21 @@ def test_t5_table2_has_the_papers_ten_rows():
     lm = grid.select(["lm-language_model"])[0]
     assert "experiment.converter_options = {'loss_on_targets_only': False}" in lm.pretrain
     assert pathlib.Path(grid.source).name == "t5_table2.gin"
+
+
+@pytest.mark.parametrize("path", GRIDS)
+def test_every_tiny_cell_builds_its_pretraining_run_and_first_batch(path, tmp_path):
+    """Task names, objectives, converters and lengths of every cell fit together (nothing
+    is compiled: the paper-scale test and tests/ablations/test_runner.py train)."""
+    from t2t import gin_utils
+    from t2t.ablations import runner
+    from t2t.train import experiment
+    grid = grid_lib.load_grid(path, "tiny")
+    for cell in grid.cells:
+        files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)
+        gin_utils.parse(files, bindings + [f"MODEL_DIR = '{tmp_path / cell.key}'"])
+        exp = experiment.experiment()
+        batch = next(exp.data())
+        rows = {v.shape[0] for v in batch.values()}
+        assert rows == {exp.batch_size}, (cell.key, rows)
+        assert any(v.any() for k, v in batch.items() if "weights" in k), cell.key
