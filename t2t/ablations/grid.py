@@ -24,7 +24,7 @@ import gin
 
 STAGES = ("pretrain", "finetune")
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
-              "description", "averages"}
+              "description", "averages", "splits"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,10 @@ class Scale:
     split: str = "validation"             # the papers report dev-set numbers
     description: str = ""
     averages: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (column, tasks): T5's "GLUE"
+    splits: Tuple[Tuple[str, str], ...] = ()   # (task, split) where not `split` (MNLI)
+
+    def split_of(self, task: str) -> str:
+        return dict(self.splits).get(task, self.split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +152,8 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
     return Scale(name, tuple(spec["pretrain"]), tuple(spec["finetune"]),
                  tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
                  tuple(heldout) if heldout else None, spec.get("eval_examples"),
-                 spec.get("split", "validation"), spec.get("description", ""), averages)
+                 spec.get("split", "validation"), spec.get("description", ""), averages,
+                 tuple(dict(spec.get("splits", {})).items()))
 
 
 @gin.configurable

@@ -130,12 +130,13 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
         f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",
         f"MIXTURE_OR_TASK_NAME = {task!r}", f"SEED = {seed}",
         f"evaluate_experiment.max_examples = {grid.scale.eval_examples!r}"])
-    out = finetune_lib.run([grid.scale.split])
+    split = grid.scale.split_of(task)
+    out = finetune_lib.run([split])
     if out["metrics"] is None:
         return {"stopped_by": "preempted"}
     stage = _compute(out["result"], out["train_seconds"])
-    stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done",
-                 metrics=out["metrics"][f"{task}/{grid.scale.split}"])
+    stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done", split=split,
+                 metrics=out["metrics"][f"{task}/{split}"])
     return stage
 
 

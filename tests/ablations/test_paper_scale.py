@@ -40,10 +40,12 @@ def test_t5_table2_paper_cell_pretrains_on_mock_c4(key, tmp_path):
 
 
 def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):
+    """MNLI also checks the per-task dev split (validation_matched)."""
     grid = _t5_grid()
     cell = grid.select(["denoising-enc_dec_shared"])[0]
     with tfds.testing.mock_data(num_examples=16):
         runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
-        stage = runner.finetune(grid, cell, 0, "glue_rte", str(tmp_path / "pretrain"),
-                                str(tmp_path / "rte"))
-    assert stage["steps"] == 2 and 0.0 <= stage["metrics"]["accuracy"] <= 100.0
+        stage = runner.finetune(grid, cell, 0, "glue_mnli", str(tmp_path / "pretrain"),
+                                str(tmp_path / "mnli"))
+    assert stage["steps"] == 2 and stage["split"] == "validation_matched"
+    assert 0.0 <= stage["metrics"]["accuracy"] <= 100.0
