@@ -4,6 +4,11 @@ nothing here downloads). Registered at import, nothing read until used:
 
 * ``c4_<objective>`` (the suffixes of ``bible_web_*``): the T5 objectives over TFDS
   ``c4/en``, and ``c4_<objective>_validation`` over its validation split;
+* ``wikipedia_mlm_nsp``, ``wikipedia_mlm``, ``wikipedia_ltr`` (and ``_validation``: a
+  seeded-hash 0.1% of articles held out): BERT's objectives over TFDS English Wikipedia,
+  articles as documents and their sentences as sentences, with BERT's uncased WordPiece
+  (`bert_vocabulary`, a gin-bound local vocab.txt). BookCorpus, BERT's other half, is not
+  in TFDS;
 * the standard benchmark tasks of `t2t.data.benchmarks` (GLUE, SuperGLUE, SQuAD, WMT,
   CNN/DailyMail) by their names, ``glue_cola`` ...
 """
@@ -15,10 +20,14 @@ from typing import Any, Callable, List
 import gin
 
 from t2t.data.benchmarks import register_benchmark_tasks
+import re
+
+from t2t.data import builders
 from t2t.data.sources import TfdsSource
-from t2t.data.tasks import (OBJECTIVE_VARIANTS, Task, denoise_objective, lm_chunks,
-                            prefix_lm_chunks, register_task, span_corruption,
-                            split_for_span_corruption, split_to_length, tokenize)
+from t2t.data.tasks import (OBJECTIVE_VARIANTS, BertPretraining, Task, bert_ltr,
+                            denoise_objective, lm_chunks, prefix_lm_chunks, register_task,
+                            span_corruption, split_for_span_corruption, split_to_length,
+                            tokenize)
 
 C4 = "c4/en:3.1.0"   # TFDS's C4 en (T5's own tasks read 3.0.1, no longer in TFDS)
 
@@ -72,5 +81,63 @@ def register_c4_tasks(vocabulary: Any = t5_vocabulary, data_dir: str | None = No
     return [t.name for t in tasks]
 
 
+WIKIPEDIA = "wikipedia/20230601.en"
+WIKIPEDIA_HELDOUT = 0.001
+
+
+@gin.configurable
+def bert_vocabulary(path: str = gin.REQUIRED, lowercase: bool = True) -> Any:
+    """BERT's WordPiece (bert-base-uncased: 30,522 entries) from a local vocab.txt."""
+    from t2t.data.vocab import WordPieceVocabulary
+    return WordPieceVocabulary(path, lowercase=lowercase)
+
+
+def sentences(text: str) -> List[str]:
+    """Paragraphs (lines) split after . ! ? and a space; blank lines dropped."""
+    return [s for line in text.splitlines()
+            for s in re.split(r"(?<=[.!?])\s+", line.strip()) if s]
+
+
+class WikipediaDocuments:
+    """TFDS Wikipedia articles of one split (train, or a seeded-hash held-out share as
+    validation) as BERT documents: ``{"id": title, "index": i, "verses": sentences}``."""
+
+    def __init__(self, split: str = "train", data_dir: str | None = None,
+                 fraction: float | None = None):
+        fraction = WIKIPEDIA_HELDOUT if fraction is None else fraction
+        self.source = TfdsSource(WIKIPEDIA, "train", data_dir)
+        held = [builders.split_of(str(i), "wikipedia_pretraining", (1 - fraction, fraction))
+                == "validation" for i in range(len(self.source))]
+        self._keep = [i for i, h in enumerate(held) if h == (split == "validation")]
+
+    def __len__(self) -> int:
+        return len(self._keep)
+
+    def __getitem__(self, index: int) -> dict:
+        record = self.source[self._keep[index]]
+        title, text = (as_text({"text": record[k]})["text"] for k in ("title", "text"))
+        return {"id": title, "index": int(index), "verses": sentences(text)}
+
+
+def wikipedia_tasks(split: str = "train", vocabulary: Any = bert_vocabulary,
+                    data_dir: str | None = None) -> List[Task]:
+    """BERT Table 5/6 pretraining tasks over one Wikipedia split (unregistered)."""
+    documents = functools.partial(WikipediaDocuments, split, data_dir)
+    suffix = "" if split == "train" else "_validation"
+    tasks = [
+        Task("wikipedia_mlm_nsp", documents, [BertPretraining(documents, lazy=True)],
+             vocabulary, description="BERT MLM (whole word) + NSP over Wikipedia articles"),
+        Task("wikipedia_mlm", documents, [BertPretraining(documents, lazy=True)], vocabulary,
+             description="BERT MLM only (the 'No NSP' row) over Wikipedia articles"),
+        Task("wikipedia_ltr", documents, [bert_ltr], vocabulary,
+             description="BERT left-to-right LM (the 'LTR & No NSP' row) over Wikipedia"),
+    ]
+    for task in tasks:
+        task.name += suffix
+    return tasks
+
+
 register_c4_tasks()
+for _task in wikipedia_tasks("train") + wikipedia_tasks("validation"):
+    register_task(_task)
 register_benchmark_tasks(t5_vocabulary)

@@ -11,6 +11,7 @@ less a held-out 5% of its chapters, which their ``bible_web_*_validation`` twins
 from __future__ import annotations
 
 import collections
+import collections.abc
 import difflib
 import functools
 import inspect
@@ -241,20 +242,59 @@ def _sentinel(vocabulary: Any) -> int:
     return int(vocabulary.vocab_size) - 1
 
 
+class LazyDocuments(collections.abc.Sequence):
+    """``source``'s records as tokenised documents, each tokenised on first use (an LRU of
+    ``cache_size``): a corpus too large to tokenise up front (Wikipedia) still gives BERT's
+    NSP its random B documents. ``tokens[i]`` and ``starts[i]`` are the two views."""
+
+    def __init__(self, source: Any, vocabulary: Any, sentences_key: str,
+                 cache_size: int = 4096):
+        self.source, self.vocabulary, self.sentences_key = source, vocabulary, sentences_key
+        self._get = functools.lru_cache(maxsize=cache_size)(self._tokenize)
+        self.tokens = _View(self, 0)
+        self.starts = _View(self, 1)
+
+    def _tokenize(self, i: int) -> tuple[list, list]:
+        doc, doc_starts = [], []
+        for sentence in self.source[i][self.sentences_key]:
+            words = self.vocabulary.tokenize_words(sentence)
+            doc.append([t for w in words for t in w])
+            doc_starts.append([k == 0 for w in words for k in range(len(w))])
+        return doc, doc_starts
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i):
+        return self._get(int(i))
+
+
+class _View(collections.abc.Sequence):
+    def __init__(self, documents: LazyDocuments, part: int):
+        self.documents, self.part = documents, part
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, i):
+        return self.documents[i][self.part]
+
+
 class BertPretraining:
     """Documents of sentences -> BERT MLM+NSP examples (whole-word masking by default).
 
     Records are ``{"verses": [str]}`` (a book); the random B segments come from the other
-    documents of ``source_fn()``, tokenised once per process.
+    documents of ``source_fn()``, tokenised once per process, or with ``lazy=True`` on first
+    use (records then carry their position as ``"index"``: large corpora, `LazyDocuments`).
     """
 
     def __init__(self, source_fn: Callable[[], RandomAccessSource], sentences_key: str = "verses",
                  mask_rate: float = 0.15, whole_word: bool = True, span: bool = False,
-                 short_seq_prob: float = 0.1):
+                 short_seq_prob: float = 0.1, lazy: bool = False):
         self.source_fn, self.sentences_key = source_fn, sentences_key
         self.mask_rate, self.whole_word, self.span = mask_rate, whole_word, span
-        self.short_seq_prob = short_seq_prob
-        self._cache: tuple[int, list, list, dict] | None = None
+        self.short_seq_prob, self.lazy = short_seq_prob, lazy
+        self._cache: tuple[int, Any, Any, dict] | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self):
@@ -268,6 +308,9 @@ class BertPretraining:
             return self._build_documents(vocabulary)
 
     def _build_documents(self, vocabulary: Any) -> tuple[list, list, dict]:
+        if self.lazy and (self._cache is None or self._cache[0] != id(vocabulary)):
+            documents = LazyDocuments(self.source_fn(), vocabulary, self.sentences_key)
+            self._cache = (id(vocabulary), documents.tokens, documents.starts, {})
         if self._cache is None or self._cache[0] != id(vocabulary):
             source = self.source_fn()
             documents, starts, index = [], [], {}
@@ -288,8 +331,9 @@ class BertPretraining:
                  ) -> list[dict]:
         documents, starts, index = self._documents(vocabulary)
         rng = prep.make_rng(seed)
+        position = record["index"] if self.lazy else index[record.get("id")]
         instances = prep.create_instances_from_document(
-            documents, index[record.get("id")], rng, sequence_length["inputs"], vocabulary.cls_id,
+            documents, position, rng, sequence_length["inputs"], vocabulary.cls_id,
             vocabulary.sep_id, self.short_seq_prob, word_starts=starts)
         special = (vocabulary.cls_id, vocabulary.sep_id, vocabulary.pad_id, vocabulary.mask_id)
         out = []

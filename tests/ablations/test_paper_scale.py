@@ -49,3 +49,43 @@ def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):
                                 str(tmp_path / "mnli"))
     assert stage["steps"] == 2 and stage["split"] == "validation_matched"
     assert 0.0 <= stage["metrics"]["accuracy"] <= 100.0
+
+
+BERT_SMALL = SHAPE[4:] + ["PAPER_LAYERS = 2", "PAPER_HIDDEN = 32", "PAPER_HEADS = 2",
+                          "PAPER_HEAD_DIM = 16", "PAPER_FF = 64", "BERT_PAPER_PRETRAIN_STEPS = 2",
+                          "WARMUP_STEPS = 1", "MAX_LENGTH = 32"]
+BERT_GRIDS = ("configs/ablations/bert_table5.gin", "configs/ablations/bert_table6.gin")
+BERT_CELLS = [(g, c.key) for g in BERT_GRIDS
+              for c in grid_lib.load_grid(g, "paper", ["BERT_VOCABULARY = 'unused'"]).cells]
+BERT_CI = {"ltr", "l1_h128_a4"}
+
+
+def _bert_grid(path):
+    from t2t.data.tasks import bible_wordpiece
+    vocab = bible_wordpiece().vocab_file        # a local WordPiece stands in for BERT's
+    return grid_lib.load_grid(path, "paper", BERT_SMALL + [f"BERT_VOCABULARY = {vocab!r}"])
+
+
+@pytest.mark.parametrize("path,key", [
+    pytest.param(g, k, marks=() if k in BERT_CI else pytest.mark.slow) for g, k in BERT_CELLS])
+def test_bert_paper_cell_pretrains_on_mock_wikipedia(path, key, tmp_path, monkeypatch):
+    from t2t.data import paper
+    monkeypatch.setattr(paper, "WIKIPEDIA_HELDOUT", 0.25)   # 16 mock articles: hold out ~4
+    grid = _bert_grid(path)
+    (cell,) = [c for c in grid.cells if c.key == key]
+    with tfds.testing.mock_data(num_examples=16):
+        stage = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+    assert stage["stopped_by"] == "done" and stage["steps"] == 2 and stage["family"] == "bert"
+    if grid.scale.heldout:   # Table 6's held-out masked-LM loss
+        assert stage["heldout"]["task"] == "wikipedia_mlm_nsp_validation"
+        assert stage["heldout"]["mlm_loss"] > 0
+
+
+def test_bert_paper_bilstm_fine_tuning_runs_on_mock_mrpc(tmp_path):
+    grid = _bert_grid("configs/ablations/bert_table5.gin")
+    cell = grid.select(["ltr_bilstm"])[0]
+    with tfds.testing.mock_data(num_examples=16):
+        runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+        stage = runner.finetune(grid, cell, 0, "glue_mrpc", str(tmp_path / "pretrain"),
+                                str(tmp_path / "mrpc"))
+    assert stage["steps"] >= 2 and 0.0 <= stage["metrics"]["accuracy"] <= 100.0  # 3 epochs
