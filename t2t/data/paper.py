@@ -15,19 +15,16 @@ nothing here downloads). Registered at import, nothing read until used:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List
+import re
+from typing import Any, List
 
 import gin
 
-from t2t.data.benchmarks import register_benchmark_tasks
-import re
-
 from t2t.data import builders
+from t2t.data.benchmarks import register_benchmark_tasks
 from t2t.data.sources import TfdsSource
-from t2t.data.tasks import (OBJECTIVE_VARIANTS, BertPretraining, Task, bert_ltr,
-                            denoise_objective, lm_chunks, prefix_lm_chunks, register_task,
-                            span_corruption, split_for_span_corruption, split_to_length,
-                            tokenize)
+from t2t.data.tasks import (BertPretraining, Task, bert_ltr, register_task,
+                            t5_objective_tasks, tokenize)
 
 C4 = "c4/en:3.1.0"   # TFDS's C4 en (T5's own tasks read 3.0.1, no longer in TFDS)
 
@@ -51,22 +48,7 @@ def c4_tasks(split: str = "train", vocabulary: Any = t5_vocabulary,
     T5 objective tables, over one C4 split (unregistered)."""
     source = functools.partial(TfdsSource, C4, split, data_dir)
     suffix = "" if split == "train" else "_validation"
-    first = [as_text, tokenize]
-    tasks = [
-        Task("c4_span_corruption", source, first + [split_for_span_corruption, span_corruption],
-             vocabulary, description="T5 span corruption (span_3_15_u_u) over C4"),
-        Task("c4_lm", source, first + [lm_chunks], vocabulary, description="causal LM over C4"),
-        Task("c4_prefix_lm", source, first + [prefix_lm_chunks], vocabulary,
-             description="T5 prefix LM over C4"),
-    ]
-    for name in OBJECTIVE_VARIANTS:
-        split_fn: Callable = split_to_length
-        if name.startswith("span_"):
-            split_fn = functools.partial(split_for_span_corruption,
-                                         mean_noise_span_length=float(name.split("_")[1]))
-        tasks.append(Task(f"c4_{name}", source,
-                          first + [split_fn, functools.partial(denoise_objective, objective=name)],
-                          vocabulary, description=f"T5 objective {name} over C4"))
+    tasks = t5_objective_tasks("c4", source, [as_text, tokenize], vocabulary, "C4")
     for task in tasks:
         task.name += suffix
     return tasks

@@ -486,9 +486,35 @@ class BibleSplit:
         return f"BibleSplit({self.name!r}, {self.level!r}, {self.split!r}, len={len(self)})"
 
 
-# T5 objective-table variants (gin names) registered as bible_web_<name>.
+# T5 objective-table variants (gin names) registered as <corpus>_<name>.
 OBJECTIVE_VARIANTS = ("iid_15_u_u", "iid_15_b_f", "iid_15_m_f", "iid_15_d_d", "all_permute",
                       "span_2_15_u_u", "span_5_15_u_u", "span_10_15_u_u")
+
+
+def t5_objective_tasks(corpus: str, source_fn: Callable[[], RandomAccessSource],
+                       to_tokens: Sequence[Callable], vocabulary: Any, over: str) -> list[Task]:
+    """``<corpus>_span_corruption``, ``_lm``, ``_prefix_lm`` and ``_<variant>`` for each of
+    `OBJECTIVE_VARIANTS` (unregistered); ``to_tokens`` turns a record into ``{"tokens"}``
+    and ``over`` names the text in the descriptions."""
+    first = list(to_tokens)
+    tasks = [
+        Task(f"{corpus}_span_corruption", source_fn,
+             first + [split_for_span_corruption, span_corruption], vocabulary,
+             description=f"T5 span corruption (span_3_15_u_u) over {over}"),
+        Task(f"{corpus}_lm", source_fn, first + [lm_chunks], vocabulary,
+             description=f"causal LM over {over}"),
+        Task(f"{corpus}_prefix_lm", source_fn, first + [prefix_lm_chunks], vocabulary,
+             description=f"T5 prefix LM over {over}"),
+    ]
+    for name in OBJECTIVE_VARIANTS:
+        split_fn: Callable = split_to_length
+        if name.startswith("span_"):
+            split_fn = functools.partial(split_for_span_corruption,
+                                         mean_noise_span_length=float(name.split("_")[1]))
+        tasks.append(Task(f"{corpus}_{name}", source_fn,
+                          first + [split_fn, functools.partial(denoise_objective, objective=name)],
+                          vocabulary, description=f"T5 objective {name} over {over}"))
+    return tasks
 
 
 def bible_tasks(split: str = "train", sentencepiece: Any = bible_sentencepiece,
@@ -500,14 +526,8 @@ def bible_tasks(split: str = "train", sentencepiece: Any = bible_sentencepiece,
     books = functools.partial(BibleSplit, "book", split, fraction=fraction)
     suffix = "" if split == "train" else "_validation"
     where = "training" if split == "train" else "held-out"
-    tasks = [
-        Task("bible_web_span_corruption", chapters,
-             [tokenize, split_for_span_corruption, span_corruption], sentencepiece,
-             description="T5 span corruption (span_3_15_u_u) over WEB chapters"),
-        Task("bible_web_lm", chapters, [tokenize, lm_chunks], sentencepiece,
-             description="causal LM over WEB chapters"),
-        Task("bible_web_prefix_lm", chapters, [tokenize, prefix_lm_chunks], sentencepiece,
-             description="T5 prefix LM over WEB chapters"),
+    tasks = t5_objective_tasks("bible_web", chapters, [tokenize], sentencepiece,
+                               "WEB chapters") + [
         Task("bible_web_mlm_nsp", books, [BertPretraining(books)], wordpiece,
              description="BERT MLM (whole word) + NSP; documents = books, sentences = verses"),
         Task("bible_web_mlm", books, [BertPretraining(books)], wordpiece,
@@ -518,15 +538,6 @@ def bible_tasks(split: str = "train", sentencepiece: Any = bible_sentencepiece,
                          "verses, every next token a target (EncoderConverter(nsp=False), "
                          "TransformerConfig.encoder_causal)"),
     ]
-    for name in OBJECTIVE_VARIANTS:
-        split_fn: Callable = split_to_length
-        if name.startswith("span_"):
-            split_fn = functools.partial(split_for_span_corruption,
-                                         mean_noise_span_length=float(name.split("_")[1]))
-        tasks.append(Task(f"bible_web_{name}", chapters,
-                          [tokenize, split_fn,
-                           functools.partial(denoise_objective, objective=name)],
-                          sentencepiece, description=f"T5 objective {name} over WEB chapters"))
     for task in tasks:
         task.name += suffix
         task.description += f" ({where} chapters)"
