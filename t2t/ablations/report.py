@@ -77,7 +77,7 @@ def _accounting(grid: Grid, results: Results) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
 
     def first(key: str) -> Optional[Dict[str, Any]]:
-        return results.get(key, [None])[0] if results.get(key) else None
+        return (results.get(key) or [None])[0]
 
     def layer_flops(r: Dict[str, Any]) -> float:
         f = r["pretrain"]["forward_flops_per_row"]

@@ -88,15 +88,12 @@ def _model_facts(exp) -> Dict[str, Any]:
             "nonembedding_params": int(total - embedding)}
 
 
-def forward_flops_per_row(exp) -> Dict[str, float]:
-    """Forward FLOPs of one batch row by part (dense, attention, logits): T5 Table 2's
-    cost M compares these (every cell's rows hold the same number of tokens)."""
+def forward_flops_per_row(model, result) -> Dict[str, float]:
+    """Forward FLOPs of one batch row by part (dense, attention, logits), at the row lengths
+    `fit` counted: T5 Table 2's cost M compares these (every cell's rows hold the same
+    number of tokens)."""
     from t2t.train import flops as flops_lib
-    from t2t.train.trainer import batch_geometry
-    model = exp.trainer.model
-    data = exp.data()
-    geometry = batch_geometry(model.family, next(data))
-    return flops_lib.forward_flops_breakdown(model.config, model.family, **geometry)
+    return flops_lib.forward_flops_breakdown(model.config, model.family, **result.geometry)
 
 
 def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str) -> Dict[str, Any]:
@@ -112,7 +109,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str) -> Dict[str, Any
     result = fit(exp.trainer, exp.data(), config_str=config_str)
     stage = {**_compute(result, time.perf_counter() - start), **_model_facts(exp),
              "stopped_by": result.stopped_by}
-    stage["forward_flops_per_row"] = forward_flops_per_row(exp)
+    stage["forward_flops_per_row"] = forward_flops_per_row(exp.trainer.model, result)
     if grid.scale.heldout and result.stopped_by == "done":
         task, metric = grid.scale.heldout
         exp.eval_task = tasks_lib.get_task(task)

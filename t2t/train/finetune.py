@@ -218,7 +218,8 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     task_obj = tasks_lib.get_task(task)
     if not getattr(task_obj, "label_names", None):
         raise ValueError(f"task {task!r} has no label names: not a classification task")
-    if pretrained is not None and is_hf_dir(pretrained):
+    from_hf = pretrained is not None and is_hf_dir(pretrained)
+    if from_hf:
         with open(os.path.join(pretrained, "config.json")) as f:
             model_cfg = hf.bert_config(json.load(f))
         vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
@@ -229,7 +230,7 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
         raise ValueError("classifier_experiment needs a WordPiece `vocabulary` (vocab.txt) "
                          "or a Hugging Face `pretrained` directory")
     wordpiece = WordPieceVocabulary(vocabulary, lowercase=lowercase)
-    if not is_hf_dir(pretrained or "") and model_cfg.vocab_size != wordpiece.padded_vocab_size:
+    if not from_hf and model_cfg.vocab_size != wordpiece.padded_vocab_size:
         # as `experiment()` did when pretraining on this vocabulary
         model_cfg = model_cfg.replace(vocab_size=wordpiece.padded_vocab_size)
     model = SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,

@@ -222,6 +222,7 @@ class TrainResult:
     stopped_by: str          # "done" | "preempted"
     flops_per_step: float = 0.0   # model FLOPs of one global step (t2t.train.flops)
     tokens_per_step: int = 0      # tokens of one global step, padding included
+    geometry: Optional[Dict[str, int]] = None  # the row lengths the FLOPs were counted for
 
 
 def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Iterator]] = None,
@@ -304,7 +305,7 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
                 break
     ckpt.wait()
     ckpt.close()
-    return TrainResult(step, state, history, stopped_by, step_flops, tokens_per_step)
+    return TrainResult(step, state, history, stopped_by, step_flops, tokens_per_step, geometry)
 
 
 def _check_finite(step: int, loss) -> None:
