@@ -3,16 +3,20 @@
 Every stage writes its own JSON when it finishes (``pretrain/stage.json``,
 ``finetune/<task>/stage.json``) next to its operative ``config.gin``; a cell's
 ``result.json`` gathers them. A finished stage is never rerun and a stopped one resumes from
-its checkpoints, so a killed run continues where it stopped. Directory layout:
+its checkpoints, so a killed run continues where it stopped. A stage whose operative config
+(or, for a fine-tuning, its pretraining's) changed since it ran is started again from
+nothing: ``config.sha256`` in the stage directory records what it ran. Directory layout:
 ``<out>/<grid>/<scale>/<cell key>/seed<k>/``.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
 import platform
+import shutil
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -96,15 +100,57 @@ def forward_flops_per_row(model, result) -> Dict[str, float]:
     return flops_lib.forward_flops_breakdown(model.config, model.family, **result.geometry)
 
 
-def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str) -> Dict[str, Any]:
-    """Pretrain the cell (resuming), then score the held-out task if the scale has one."""
+def fingerprint(config_str: str, upstream: str = "") -> str:
+    """What a stage ran: its operative config and the fingerprint of the stage it starts
+    from (a fine-tuning's pretraining)."""
+    return hashlib.sha256(f"{config_str}\n{upstream}".encode()).hexdigest()
+
+
+def reuse(stage_dir: str, config_str: str, sha: str,
+          progress: Callable[[str], None]) -> Optional[Dict[str, Any]]:
+    """The finished stage in `stage_dir` if it ran this configuration, else None after
+    clearing another configuration's work (its checkpoints must not be resumed). A stage
+    from before fingerprints is adopted when its config.gin is the operative config."""
+    sha_path = os.path.join(stage_dir, "config.sha256")
+    ran = _read_text(sha_path)
+    if ran is None:
+        old_config = _read_text(os.path.join(stage_dir, "config.gin"))
+        ran = sha if old_config == config_str else (None if old_config is None else "?")
+    if ran is not None and ran != sha:
+        progress(f"{stage_dir}: its configuration changed since it ran; starting it again")
+        if jax.process_index() == 0:
+            shutil.rmtree(stage_dir)
+    if jax.process_index() == 0:
+        os.makedirs(stage_dir, exist_ok=True)
+        with open(sha_path, "w") as f:
+            f.write(sha)
+    return _read(os.path.join(stage_dir, "stage.json"))
+
+
+def _read_text(path: str) -> Optional[str]:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() if path.endswith(".sha256") else f.read()
+
+
+def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
+             progress: Callable[[str], None] = print) -> Tuple[Dict[str, Any], str]:
+    """(stage, fingerprint): the cell's pretraining (resumed, or reused when it finished
+    with this configuration), then the scale's held-out score if it has one."""
     from t2t.data import tasks as tasks_lib
     from t2t.train import experiment as experiment_lib
     from t2t.train.trainer import fit
     files, bindings = stage_config(grid, grid.scale.pretrain + cell.pretrain)
     gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
     exp = experiment_lib.experiment()
-    config_str = experiment_lib.write_operative_config(exp)
+    config_str = experiment_lib.operative_config(exp)
+    sha = fingerprint(config_str)
+    stage = reuse(model_dir, config_str, sha, progress)
+    if stage is not None:
+        return stage, sha
+    progress("pretraining")
+    experiment_lib.write_operative_config(exp)
     start = time.perf_counter()
     result = fit(exp.trainer, exp.data(), config_str=config_str)
     stage = {**_compute(result, time.perf_counter() - start), **_model_facts(exp),
@@ -115,57 +161,66 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str) -> Dict[str, Any
         exp.eval_task = tasks_lib.get_task(task)
         scores = exp.trainer.evaluate(result.state.params, exp.eval_data(), steps=None)
         stage["heldout"] = {"task": task, "metric": metric, **scores}
-    return stage
+    if stage["stopped_by"] == "done":
+        _write(os.path.join(model_dir, "stage.json"), stage)
+    return stage, sha
 
 
 def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
-             model_dir: str) -> Dict[str, Any]:
-    """Fine-tune the pretrained cell on `task` and score the scale's split."""
+             model_dir: str, pretrained_sha: str = "",
+             progress: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Fine-tune the pretrained cell on `task` and score the scale's split (or reuse the
+    finished stage when neither its configuration nor its pretraining changed)."""
+    from t2t.train import experiment as experiment_lib
     from t2t.train import finetune as finetune_lib
     files, bindings = stage_config(grid, grid.scale.finetune + cell.finetune)
     gin_utils.parse(files, bindings + [
         f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",
         f"MIXTURE_OR_TASK_NAME = {task!r}", f"SEED = {seed}",
         f"evaluate_experiment.max_examples = {grid.scale.eval_examples!r}"])
+    exp = finetune_lib.finetune_experiment()
+    config_str = experiment_lib.operative_config(exp)
     split = grid.scale.split_of(task)
-    out = finetune_lib.run([split])
+    stage = reuse(model_dir, config_str,
+                  fingerprint(config_str, f"{pretrained_sha} {split} {grid.scale.eval_examples}"),
+                  progress)
+    if stage is not None:
+        return stage
+    progress(f"fine-tuning on {task}")
+    out = finetune_lib.run([split], exp=exp)
     if out["metrics"] is None:
         return {"stopped_by": "preempted"}
     stage = _compute(out["result"], out["train_seconds"])
     stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done", split=split,
                  metrics=out["metrics"][f"{task}/{split}"])
+    _write(os.path.join(model_dir, "stage.json"), stage)
     return stage
 
 
 def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
              progress: Callable[[str], None] = print) -> Dict[str, Any]:
-    """One cell at one seed, every finished stage reused; returns its result."""
+    """One cell at one seed, every finished stage of the same configuration reused;
+    returns its result."""
     root = cell_dir(out_dir, grid, cell, seed)
-    done = _read(os.path.join(root, "result.json"))
-    if done is not None:
-        progress(f"{cell.label} (seed {seed}): cached")
-        return done
+
+    def say(message: str) -> None:
+        progress(f"{cell.label} (seed {seed}): {message}")
+
     pre_dir = pretrain_dir(out_dir, grid, cell, seed)
-    stage_path = os.path.join(pre_dir, "stage.json")
-    pre = _read(stage_path)
-    if pre is None:
-        progress(f"{cell.label} (seed {seed}): pretraining")
-        pre = pretrain(grid, cell, seed, pre_dir)
-        if pre["stopped_by"] != "done":
-            return {"stopped_by": pre["stopped_by"]}
-        _write(stage_path, pre)
+    pre, pre_sha = pretrain(grid, cell, seed, pre_dir, say)
+    if pre["stopped_by"] != "done":
+        return {"stopped_by": pre["stopped_by"]}
     downstream = {}
     for task, _ in grid.scale.tasks:
-        ft_dir = os.path.join(root, "finetune", task)
-        path = os.path.join(ft_dir, "stage.json")
-        stage = _read(path)
-        if stage is None:
-            progress(f"{cell.label} (seed {seed}): fine-tuning on {task}")
-            stage = finetune(grid, cell, seed, task, pre_dir, ft_dir)
-            if stage["stopped_by"] != "done":
-                return {"stopped_by": stage["stopped_by"]}
-            _write(path, stage)
+        stage = finetune(grid, cell, seed, task, pre_dir, os.path.join(root, "finetune", task),
+                         pre_sha, say)
+        if stage["stopped_by"] != "done":
+            return {"stopped_by": stage["stopped_by"]}
         downstream[task] = stage
+    done = _read(os.path.join(root, "result.json"))
+    if done is not None and done["pretrain"] == pre and done["finetune"] == downstream:
+        say("cached")
+        return done
     result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
               "labels": dict(cell.labels), "label": cell.label, "seed": seed,
               "pretrain": pre, "finetune": downstream, "hardware": hardware(),

@@ -126,14 +126,20 @@ def make_trainer(model, train_cfg: TrainConfig, trainer_cls: type = Trainer,
     return trainer_cls(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
 
 
-def write_operative_config(exp: Experiment) -> str:
-    """The operative gin config (every value the run used, defaults included), noting a
-    vocab size the task's vocabulary replaced; written to MODEL_DIR/config.gin by process 0."""
+def operative_config(exp: Experiment) -> str:
+    """The operative gin config (every value the run uses, defaults included), noting a
+    vocab size the task's vocabulary replaced."""
     config_str = gin.operative_config_str()
     model_cfg, bound = exp.trainer.model.config, TransformerConfig()
     if model_cfg.vocab_size != bound.vocab_size:
         config_str += (f"\n# TransformerConfig.vocab_size {bound.vocab_size} was replaced by "
                        f"{model_cfg.vocab_size}: the task vocabulary's padded size.\n")
+    return config_str
+
+
+def write_operative_config(exp: Experiment) -> str:
+    """`operative_config(exp)`, written to MODEL_DIR/config.gin by process 0."""
+    config_str = operative_config(exp)
     model_dir = exp.trainer.config.model_dir
     os.makedirs(model_dir, exist_ok=True)
     if jax.process_index() == 0:

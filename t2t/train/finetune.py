@@ -330,12 +330,13 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
     return results
 
 
-def run(splits: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Fine-tune the gin-configured experiment (resuming if MODEL_DIR has checkpoints),
-    then score `splits` (default: evaluate_experiment's) into MODEL_DIR/metrics.json and
-    results.md (not when preempted). Returns {"result": TrainResult, "metrics": ...,
-    "train_seconds": ..., "eval_seconds": ...}."""
-    exp = finetune_experiment()
+def run(splits: Optional[Sequence[str]] = None,
+        exp: Optional[experiment_lib.Experiment] = None) -> Dict[str, Any]:
+    """Fine-tune the gin-configured experiment (or `exp`, built from it already), resuming
+    if MODEL_DIR has checkpoints, then score `splits` (default: evaluate_experiment's) into
+    MODEL_DIR/metrics.json and results.md (not when preempted). Returns {"result":
+    TrainResult, "metrics": ..., "train_seconds": ..., "eval_seconds": ...}."""
+    exp = exp or finetune_experiment()
     config_str = experiment_lib.write_operative_config(exp)
     start = time.perf_counter()
     result: TrainResult = fit(exp.trainer, exp.data(), config_str=config_str)

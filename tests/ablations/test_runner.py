@@ -1,5 +1,5 @@
 """`t2t ablate` end to end on a two-cell grid of test-sized models: every stage runs, finished
-stages are cached (a rerun trains nothing), a lost stage reruns alone, and the report
+stages are cached (a rerun trains nothing), a lost or reconfigured stage reruns, and the report
 renders our numbers beside the paper's with the P/M accounting."""
 import json
 import os
@@ -60,32 +60,50 @@ def test_every_cell_ran_every_stage(ran):
 
 
 def test_finished_stages_are_cached_and_a_lost_one_reruns_alone(ran, monkeypatch):
+    from t2t.train import finetune as finetune_lib, trainer as trainer_lib
     grid, out, _ = ran
+    real_fit = finetune_lib.fit
 
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("a finished stage ran again")
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished stage trained again")
 
-    monkeypatch.setattr(runner, "pretrain", must_not_run)
-    monkeypatch.setattr(runner, "finetune", must_not_run)
+    monkeypatch.setattr(trainer_lib, "fit", must_not_train)
+    monkeypatch.setattr(finetune_lib, "fit", must_not_train)
     assert len(runner.run_grid(grid, out, grid.cells, [0])) == 2
 
     cell = grid.cells[0]
     root = runner.cell_dir(out, grid, cell, 0)
     stage_path = os.path.join(root, "finetune", "bible_style_kjv_to_web", "stage.json")
-    with open(stage_path) as f:
-        stage = json.load(f)
     os.remove(stage_path)
-    os.remove(os.path.join(root, "result.json"))
-    calls = []
+    trained = []
 
-    def fake_finetune(grid_, cell_, seed, task, pretrained_dir, model_dir):
-        calls.append((cell_.key, task, pretrained_dir))
-        return stage
+    def fit_once(*args, **kwargs):
+        trained.append(1)
+        return real_fit(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "finetune", fake_finetune)
-    runner.run_cell(grid, cell, 0, out, progress=lambda m: None)
-    assert calls == [(cell.key, "bible_style_kjv_to_web", runner.pretrain_dir(out, grid, cell, 0))]
-    assert os.path.exists(os.path.join(root, "result.json"))
+    monkeypatch.setattr(finetune_lib, "fit", fit_once)
+    result = runner.run_cell(grid, cell, 0, out, progress=lambda m: None)
+    assert trained == [1] and os.path.exists(stage_path)
+    assert result["finetune"]["bible_style_kjv_to_web"]["steps"] == 2
+
+
+def test_a_stage_reruns_when_its_configuration_changed(tmp_path):
+    stage_dir = str(tmp_path / "stage")
+    said = []
+    assert runner.reuse(stage_dir, "A", "sha-a", said.append) is None       # fresh: run it
+    runner._write(os.path.join(stage_dir, "stage.json"), {"steps": 3})
+    assert runner.reuse(stage_dir, "A", "sha-a", said.append) == {"steps": 3}
+    assert said == []
+    (tmp_path / "stage" / "checkpoints").mkdir()
+    assert runner.reuse(stage_dir, "B", "sha-b", said.append) is None      # changed: cleared
+    assert os.listdir(stage_dir) == ["config.sha256"] and len(said) == 1
+    # a stage written before fingerprints: adopted when its config.gin is the operative one
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.gin").write_text("A")
+    runner._write(str(legacy / "stage.json"), {"steps": 5})
+    assert runner.reuse(str(legacy), "A", "sha-a", said.append) == {"steps": 5}
+    assert runner.reuse(str(legacy), "A2", "sha-a2", said.append) is None
 
 
 def test_report_puts_our_numbers_beside_the_papers(ran):
