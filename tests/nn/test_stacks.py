@@ -40,14 +40,18 @@ def test_cached_decoding_equals_full_recomputation(cfg):
     assert max_diff(decode_stepwise(dec, params, toks), full) < 1e-4
 
 
-def test_encoder_decoder_cached_decoding():
-    model = EncoderDecoder(T5_TINY)
+@pytest.mark.parametrize("scan", [False, True])
+def test_encoder_decoder_cached_decoding(scan):
+    """Step by step through the cache == the full pass. The cache is sized from other
+    inputs and other parameters: cross-attention keys/values come from step 0's call."""
+    model = EncoderDecoder(T5_TINY.replace(scan_layers=scan))
     enc, dec = tokens(1, (2, 11)), tokens(2, (2, 6))
     enc_seg = jnp.array([[1] * 11, [1] * 8 + [0] * 3])
     params = init(model, enc, dec, enc_seg)
     full = model.apply({"params": params}, enc, dec, enc_seg)
     encoded = model.apply({"params": params}, enc, enc_seg, method=EncoderDecoder.encode)
-    cache = model.init(jax.random.PRNGKey(0), enc, dec, enc_seg, decode=True)["cache"]
+    cache = model.init(jax.random.PRNGKey(7), jnp.zeros_like(enc), dec, enc_seg,
+                       decode=True)["cache"]
     outs = []
     for i in range(dec.shape[1]):
         out, state = model.apply({"params": params, "cache": cache}, encoded, dec[:, i:i + 1],
