@@ -84,17 +84,14 @@ class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with per-head projections `query, key, value, out`.
 
     Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed].
-    With `decode=True` keys and values live in the "cache" collection. Self-attention: the
-    first (init) call sizes the cache from its input length; later calls take one token
-    and write it at `decode_index`. Cross-attention (`cross=True`): the encoded input's keys
-    and values are projected by the step that writes slot 0 and reused by every later step
-    (as Hugging Face's `past_key_values`), not recomputed per token.
+    With `decode=True` (self-attention only) keys and values of past steps live in the
+    "cache" collection: the first (init) call sizes the cache from its input length;
+    later calls take one token and write it at `decode_index`.
     """
 
     config: TransformerConfig
     deterministic: bool = True
     decode: bool = False
-    cross: bool = False
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -120,11 +117,8 @@ class MultiHeadAttention(nn.Module):
             q_init = base_init
             scale = cfg.head_dim ** -0.5
         q = proj("query", q_init)(inputs_q)            # [b, q, h, d]
-        key, value = proj("key", base_init), proj("value", base_init)
-        if self.decode and self.cross:
-            k, v = self._cross_kv(key, value, inputs_kv, decode_index)
-        else:
-            k, v = key(inputs_kv), value(inputs_kv)    # [b, k, h, d]
+        k = proj("key", base_init)(inputs_kv)          # [b, k, h, d]
+        v = proj("value", base_init)(inputs_kv)
         if cfg.position_embedding == "rotary" and q_positions is not None:
             q = apply_rotary(q, q_positions, cfg.rotary_base)
             k = apply_rotary(k, k_positions if k_positions is not None else q_positions,
@@ -133,7 +127,7 @@ class MultiHeadAttention(nn.Module):
         k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
 
-        if self.decode and not self.cross:
+        if self.decode:
             k, v = self._update_cache(k, v, decode_index)
 
         dropout_rng = None
@@ -148,28 +142,6 @@ class MultiHeadAttention(nn.Module):
         return Dense(cfg.d_model, ("heads", "kv", "embed"), contract=2, use_bias=cfg.use_bias,
                      dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
                      name="out")(out)
-
-    def _cross_kv(self, key, value, inputs_kv, decode_index):
-        """Keys/values [b, k, h, d] of the encoded input: projected at slot 0, then cached."""
-        cfg = self.config
-        initialized = self.has_variable("cache", "cross_key")
-        shape = inputs_kv.shape[:2] + (cfg.num_heads, cfg.head_dim)
-        cached_k = self.variable("cache", "cross_key", jnp.zeros, shape, cfg.compute_dtype)
-        cached_v = self.variable("cache", "cross_value", jnp.zeros, shape, cfg.compute_dtype)
-        if not initialized:                 # the call that sizes the cache
-            return key(inputs_kv), value(inputs_kv)
-        if decode_index is None:
-            raise ValueError("decode=True needs decode_index after the cache is initialised")
-
-        def project(module, x):
-            return (key(x).astype(cached_k.value.dtype), value(x).astype(cached_v.value.dtype))
-
-        def reuse(module, x):
-            return cached_k.value, cached_v.value
-
-        k, v = nn.cond(decode_index == 0, project, reuse, self, inputs_kv)
-        cached_k.value, cached_v.value = k, v
-        return k, v
 
     def _update_cache(self, k, v, decode_index):
         """Init: create zeroed caches shaped like k/v. Step: write k/v at decode_index."""

@@ -31,10 +31,10 @@ class TransformerLayer(nn.Module):
 
     def setup(self):
         cfg = self.config
-        attn = lambda name, cross: MultiHeadAttention(  # noqa: E731
-            cfg, deterministic=self.deterministic, decode=self.decode, cross=cross, name=name)
-        self.self_attention = attn("self_attention", False)
-        self.cross_attention = attn("cross_attention", True)
+        attn = lambda name, decode: MultiHeadAttention(  # noqa: E731
+            cfg, deterministic=self.deterministic, decode=decode, name=name)
+        self.self_attention = attn("self_attention", self.decode)
+        self.cross_attention = attn("cross_attention", False)
         self.mlp = MlpBlock(cfg, deterministic=self.deterministic, name="mlp")
         self.self_attention_norm = make_norm(cfg, "self_attention_norm")
         self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
@@ -53,8 +53,7 @@ class TransformerLayer(nn.Module):
             h, h, self_mask, self_bias, positions, positions, decode_index))
         if encoded is not None:
             x = self._sublayer(x, self.cross_attention_norm,
-                               lambda h: self.cross_attention(
-                h, encoded, cross_mask, decode_index=decode_index))
+                               lambda h: self.cross_attention(h, encoded, cross_mask))
         x = self._sublayer(x, self.mlp_norm, self.mlp)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         self.sow("intermediates", "hidden_states", x)

@@ -42,8 +42,8 @@ def test_cached_decoding_equals_full_recomputation(cfg):
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_encoder_decoder_cached_decoding(scan):
-    """Step by step through the cache == the full pass. The cache is sized from other
-    inputs and other parameters: cross-attention keys/values come from step 0's call."""
+    """Step by step through the cache == the full pass, scanned or not; the cache is sized
+    from other inputs and other parameters (only its shapes may matter)."""
     model = EncoderDecoder(T5_TINY.replace(scan_layers=scan))
     enc, dec = tokens(1, (2, 11)), tokens(2, (2, 6))
     enc_seg = jnp.array([[1] * 11, [1] * 8 + [0] * 3])
