@@ -34,7 +34,7 @@ def test_t5_table2_paper_cell_pretrains_on_mock_c4(key, tmp_path):
     grid = _t5_grid()
     (cell,) = [c for c in grid.cells if c.key == key]
     with tfds.testing.mock_data(num_examples=16):
-        stage = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+        stage, _ = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
     assert stage["stopped_by"] == "done" and stage["steps"] == 2
     assert stage["family"] == ("gpt" if "language_model" in key or "prefix" in key else "t5")
 
@@ -74,7 +74,7 @@ def test_bert_paper_cell_pretrains_on_mock_wikipedia(path, key, tmp_path, monkey
     grid = _bert_grid(path)
     (cell,) = [c for c in grid.cells if c.key == key]
     with tfds.testing.mock_data(num_examples=16):
-        stage = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+        stage, _ = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
     assert stage["stopped_by"] == "done" and stage["steps"] == 2 and stage["family"] == "bert"
     if grid.scale.heldout:   # Table 6's held-out masked-LM loss
         assert stage["heldout"]["task"] == "wikipedia_mlm_nsp_validation"
