@@ -11,18 +11,20 @@ from __future__ import annotations
 import collections
 import math
 
+VOCAB_SIZE = 8000   # the bible WordPiece of the tiny BERT scale (bible_wordpiece_path)
+
 
 def main() -> None:
     from t2t.data import tasks
-    wordpiece = tasks.bible_wordpiece(8000)
+    wordpiece = tasks.bible_wordpiece(VOCAB_SIZE)
 
     def token_ids(split: str) -> list:
         return [t for rec in tasks.BibleSplit("chapter", split)
                 for t in wordpiece.encode(rec["text"])]
 
     train, held = token_ids("train"), token_ids("validation")
-    counts, n, vocab = collections.Counter(train), len(train), 8000
-    nats = -sum(math.log((counts[t] + 1) / (n + vocab)) for t in held) / len(held)
+    counts, n = collections.Counter(train), len(train)
+    nats = -sum(math.log((counts[t] + 1) / (n + VOCAB_SIZE)) for t in held) / len(held)
     print(f"train tokens {n:,}, held-out tokens {len(held):,}: unigram cross-entropy "
           f"{nats:.3f} nats, perplexity {math.exp(nats):.1f}")
 

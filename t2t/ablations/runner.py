@@ -113,10 +113,12 @@ def reuse(stage_dir: str, config_str: str, sha: str,
     from before fingerprints is adopted when its config.gin is the operative config."""
     sha_path = os.path.join(stage_dir, "config.sha256")
     ran = _read_text(sha_path)
-    if ran is None:
+    if ran is None:             # no fingerprint yet: fresh, or a stage from before them
         old_config = _read_text(os.path.join(stage_dir, "config.gin"))
-        ran = sha if old_config == config_str else (None if old_config is None else "?")
-    if ran is not None and ran != sha:
+        stale = old_config is not None and old_config != config_str
+    else:
+        stale = ran != sha
+    if stale:
         progress(f"{stage_dir}: its configuration changed since it ran; starting it again")
         if jax.process_index() == 0:
             shutil.rmtree(stage_dir)
@@ -131,7 +133,7 @@ def _read_text(path: str) -> Optional[str]:
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return f.read().strip() if path.endswith(".sha256") else f.read()
+        return f.read()
 
 
 def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
