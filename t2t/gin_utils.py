@@ -16,8 +16,13 @@ CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
 def register_configurables() -> None:
-    """Import every module with gin configurables, so bindings to them parse."""
+    """Import every module with gin configurables, so bindings to them parse, and every
+    module that calls one at import (default arguments such as `LossConfig(z_loss=0.0)`):
+    imported later, after a parse, such a call would enter the operative config, which then
+    depends on what the process imported before (and `t2t ablate`'s stage fingerprints
+    with it)."""
     import t2t.models.base  # noqa: F401
+    import t2t.models.classifiers  # noqa: F401
     import t2t.nn.config  # noqa: F401
     import t2t.train.experiment  # noqa: F401
     import t2t.train.finetune  # noqa: F401

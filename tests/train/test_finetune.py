@@ -3,6 +3,8 @@ checkpoint, shape mismatches named, resume, scoring, and line-by-line decoding."
 import io
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -196,3 +198,25 @@ def test_classifier_experiment_ltr_heads_from_gin(tmp_path):
     model = finetune.finetune_experiment().trainer.model
     assert model.config.encoder_causal
     assert (model.module.pooling, model.module.bilstm_units) == ("last", 16)
+
+
+def test_operative_config_does_not_depend_on_what_was_imported_before(tmp_path):
+    """A fresh process builds the same fine-tuning twice: both operative configs are equal
+    (a configurable called at import, after the first parse, used to enter only the first;
+    `t2t ablate` fingerprints stages by this config)."""
+    code = f"""
+from t2t import gin_utils
+from t2t.train import experiment, finetune
+
+def config():
+    gin_utils.parse(["runs/finetune_bert.gin", "hardware/cpu.gin",
+                     "ablations/scales/bert_tiny_model.gin"],
+                    ["classifier_experiment.vocabulary = @bible_wordpiece_path()",
+                     "MODEL_DIR = {str(tmp_path)!r}", "INITIAL_CHECKPOINT = None",
+                     "MIXTURE_OR_TASK_NAME = 'bible_paraphrase_kjv_web'"])
+    return experiment.operative_config(finetune.finetune_experiment())
+
+first, second = config(), config()
+assert first == second, "operative configs differ"
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
