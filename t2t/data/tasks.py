@@ -488,6 +488,7 @@ class BibleSplit:
 
 # T5 objective-table variants (gin names) registered as <corpus>_<name>.
 OBJECTIVE_VARIANTS = ("iid_15_u_u", "iid_15_b_f", "iid_15_m_f", "iid_15_d_d", "all_permute",
+                      "iid_10_u_u", "iid_25_u_u", "iid_50_u_u",
                       "span_2_15_u_u", "span_5_15_u_u", "span_10_15_u_u")
 
 

@@ -16,27 +16,35 @@ SHAPE = ["TransformerConfig.d_model = 32", "TransformerConfig.d_ff = 64",
          "TrainConfig.async_checkpoint = False", "TrainConfig.measure_peak = False"]
 T5_SMALL = SHAPE + ["T5_PAPER_PRETRAIN_STEPS = 2", "T5_PAPER_FINETUNE_STEPS = 2",
                     "DENOISING_LENGTHS = {'inputs': 32, 'targets': 16}",
+                    "CORRUPTION_10_LENGTHS = {'inputs': 32, 'targets': 16}",
+                    "CORRUPTION_25_LENGTHS = {'inputs': 32, 'targets': 24}",
+                    "CORRUPTION_50_LENGTHS = {'inputs': 32, 'targets': 32}",
+                    "SPAN_LENGTHS = {'inputs': 32, 'targets': 16}",
+                    "FULL_TARGET_LENGTHS = {'inputs': 32, 'targets': 32}",
                     "LM_LENGTHS = {'inputs': 16, 'targets': 16}"]
-T5_CELLS = [c.key for c in grid_lib.load_grid("configs/ablations/t5_table2.gin", "paper",
-                                              ["T5_VOCABULARY = 'unused'"]).cells]
-CI_CELLS = {"lm-language_model"}   # + enc_dec_shared in the fine-tuning test; the rest -m slow
+T5_GRIDS = [f"configs/ablations/t5_table{n}.gin" for n in (2, 4, 5, 6, 7)]
+T5_CELLS = [(g, c.key) for g in T5_GRIDS
+            for c in grid_lib.load_grid(g, "paper", ["T5_VOCABULARY = 'unused'"]).cells]
+# + table 2's enc_dec_shared in the fine-tuning test; the rest -m slow
+CI_CELLS = {("configs/ablations/t5_table2.gin", "lm-language_model"),
+            ("configs/ablations/t5_table6.gin", "rate_50"),
+            ("configs/ablations/t5_table7.gin", "span_10")}
 
 
-def _t5_grid():
+def _t5_grid(path="configs/ablations/t5_table2.gin"):
     vocab = bible_sentencepiece().model_file     # a local SentencePiece stands in for T5's
-    return grid_lib.load_grid("configs/ablations/t5_table2.gin", "paper",
-                              T5_SMALL + [f"T5_VOCABULARY = {vocab!r}"])
+    return grid_lib.load_grid(path, "paper", T5_SMALL + [f"T5_VOCABULARY = {vocab!r}"])
 
 
-@pytest.mark.parametrize("key", [pytest.param(k, marks=() if k in CI_CELLS else pytest.mark.slow)
-                                 for k in T5_CELLS])
-def test_t5_table2_paper_cell_pretrains_on_mock_c4(key, tmp_path):
-    grid = _t5_grid()
+@pytest.mark.parametrize("path,key", [
+    pytest.param(g, k, marks=() if (g, k) in CI_CELLS else pytest.mark.slow) for g, k in T5_CELLS])
+def test_t5_paper_cell_pretrains_on_mock_c4(path, key, tmp_path):
+    grid = _t5_grid(path)
     (cell,) = [c for c in grid.cells if c.key == key]
     with tfds.testing.mock_data(num_examples=16):
         stage, _ = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
     assert stage["stopped_by"] == "done" and stage["steps"] == 2
-    assert stage["family"] == ("gpt" if "language_model" in key or "prefix" in key else "t5")
+    assert stage["family"] == ("gpt" if "MODEL_FAMILY = 'gpt'" in cell.pretrain else "t5")
 
 
 def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):
