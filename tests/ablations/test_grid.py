@@ -64,6 +64,10 @@ def test_every_shipped_grid_loads_with_paper_values_for_each_row(path):
     assert grid.cells and grid.scale.tasks
     assert set(grid.paper) == {c.label for c in grid.cells}, "a row without published values"
     assert len({c.key for c in grid.cells}) == len(grid.cells)
+    vocab = ["T5_VOCABULARY = 'v'", "BERT_VOCABULARY = 'v'"]
+    for scale in ("small", "paper"):   # every grid has the three scales
+        other = grid_lib.load_grid(path, scale, vocab)
+        assert [c.key for c in other.cells] == [c.key for c in grid.cells]
 
 
 def test_t5_table2_has_the_papers_ten_rows():

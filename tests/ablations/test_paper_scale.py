@@ -1,7 +1,7 @@
-"""The `paper` scales, validated on CPU: every cell's paper config is built and its train
-step compiled and run for two steps at a test-sized model shape on mock TFDS data (only
-the sizes, mesh and step counts are overridden; objectives, converters, architectures,
-schedules, dtype and scanning are the paper's)."""
+"""The `paper` (and `small`) scales, validated on CPU: every cell's paper config is built
+and its train step compiled and run for two steps at a test-sized model shape on mock TFDS
+data (only the sizes, mesh and step counts are overridden; objectives, converters,
+architectures, schedules, dtype and scanning are the paper's)."""
 import tensorflow_datasets as tfds
 import pytest
 
@@ -14,7 +14,8 @@ SHAPE = ["TransformerConfig.d_model = 32", "TransformerConfig.d_ff = 64",
          "MeshConfig.data = -1", "MeshConfig.fsdp = 1", "MeshConfig.tensor = 1",
          "BATCH_SIZE = 8", "TrainConfig.log_every = 1", "TrainConfig.progress_bar = False",
          "TrainConfig.async_checkpoint = False", "TrainConfig.measure_peak = False"]
-T5_SMALL = SHAPE + ["T5_PAPER_PRETRAIN_STEPS = 2", "T5_PAPER_FINETUNE_STEPS = 2",
+T5_TEST = SHAPE + ["T5_PAPER_PRETRAIN_STEPS = 2", "T5_PAPER_FINETUNE_STEPS = 2",
+                   "T5_SMALL_PRETRAIN_STEPS = 2", "T5_SMALL_FINETUNE_STEPS = 2",
                     "DENOISING_LENGTHS = {'inputs': 32, 'targets': 16}",
                     "CORRUPTION_10_LENGTHS = {'inputs': 32, 'targets': 16}",
                     "CORRUPTION_25_LENGTHS = {'inputs': 32, 'targets': 24}",
@@ -31,9 +32,9 @@ CI_CELLS = {("configs/ablations/t5_table2.gin", "lm-language_model"),
             ("configs/ablations/t5_table7.gin", "span_10")}
 
 
-def _t5_grid(path="configs/ablations/t5_table2.gin"):
+def _t5_grid(path="configs/ablations/t5_table2.gin", scale="paper"):
     vocab = bible_sentencepiece().model_file     # a local SentencePiece stands in for T5's
-    return grid_lib.load_grid(path, "paper", T5_SMALL + [f"T5_VOCABULARY = {vocab!r}"])
+    return grid_lib.load_grid(path, scale, T5_TEST + [f"T5_VOCABULARY = {vocab!r}"])
 
 
 @pytest.mark.parametrize("path,key", [
@@ -59,8 +60,9 @@ def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):
     assert 0.0 <= stage["metrics"]["accuracy"] <= 100.0
 
 
-BERT_SMALL = SHAPE[4:] + ["PAPER_LAYERS = 2", "PAPER_HIDDEN = 32", "PAPER_HEADS = 2",
+BERT_TEST = SHAPE[4:] + ["PAPER_LAYERS = 2", "PAPER_HIDDEN = 32", "PAPER_HEADS = 2",
                           "PAPER_HEAD_DIM = 16", "PAPER_FF = 64", "BERT_PAPER_PRETRAIN_STEPS = 2",
+                         "BERT_SMALL_PRETRAIN_STEPS = 2",
                           "WARMUP_STEPS = 1", "MAX_LENGTH = 32"]
 BERT_GRIDS = ("configs/ablations/bert_table5.gin", "configs/ablations/bert_table6.gin")
 BERT_CELLS = [(g, c.key) for g in BERT_GRIDS
@@ -68,10 +70,10 @@ BERT_CELLS = [(g, c.key) for g in BERT_GRIDS
 BERT_CI = {"l1_h128_a4"}   # + ltr_bilstm in the fine-tuning test
 
 
-def _bert_grid(path):
+def _bert_grid(path, scale="paper"):
     from t2t.data.tasks import bible_wordpiece
     vocab = bible_wordpiece().vocab_file        # a local WordPiece stands in for BERT's
-    return grid_lib.load_grid(path, "paper", BERT_SMALL + [f"BERT_VOCABULARY = {vocab!r}"])
+    return grid_lib.load_grid(path, scale, BERT_TEST + [f"BERT_VOCABULARY = {vocab!r}"])
 
 
 @pytest.mark.parametrize("path,key", [
@@ -97,3 +99,32 @@ def test_bert_paper_bilstm_fine_tuning_runs_on_mock_mrpc(tmp_path):
         stage = runner.finetune(grid, cell, 0, "glue_mrpc", str(tmp_path / "pretrain"),
                                 str(tmp_path / "mrpc"))
     assert stage["steps"] >= 2 and 0.0 <= stage["metrics"]["accuracy"] <= 100.0  # 3 epochs
+
+
+def test_small_scale_is_the_paper_recipe_shortened_on_one_gpu_host(tmp_path):
+    """`small` keeps the paper's model, data, objective and lengths; only the steps, the
+    hardware and the downstream set differ. A T5 cell pretrains and fine-tunes on mock data."""
+    paper = _t5_grid("configs/ablations/t5_table7.gin")
+    small = _t5_grid("configs/ablations/t5_table7.gin", "small")
+    assert "hardware/gpu.gin" in small.scale.pretrain
+    assert set(dict(small.scale.tasks)) < set(dict(paper.scale.tasks))
+    cell = small.select(["span_3"])[0]
+    assert cell.pretrain == paper.select(["span_3"])[0].pretrain
+    with tfds.testing.mock_data(num_examples=16):
+        stage, _ = runner.pretrain(small, cell, 0, str(tmp_path / "pretrain"))
+        tuned = runner.finetune(small, cell, 0, "glue_rte", str(tmp_path / "pretrain"),
+                                str(tmp_path / "rte"))
+    assert stage["steps"] == 2 and stage["family"] == "t5" and tuned["steps"] == 2
+    assert 0.0 <= tuned["metrics"]["accuracy"] <= 100.0
+
+
+def test_bert_small_scale_pretrains_with_heldout_perplexity(tmp_path, monkeypatch):
+    from t2t.data import paper
+    monkeypatch.setattr(paper, "WIKIPEDIA_HELDOUT", 0.25)
+    grid = _bert_grid("configs/ablations/bert_table6.gin", "small")
+    assert dict(grid.scale.tasks) == {"glue_mnli": "accuracy", "glue_mrpc": "accuracy",
+                                      "glue_sst2": "accuracy"}
+    cell = grid.select(["l4_h128_a4"])[0]   # 12/768/12 at the paper's size (PAPER_* rows)
+    with tfds.testing.mock_data(num_examples=16):
+        stage, _ = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+    assert stage["steps"] == 2 and stage["heldout"]["mlm_loss"] > 0
