@@ -10,6 +10,8 @@ A grid file binds ``ablation.*``:
 * ``scales``: ``{scale name: {"pretrain": [...], "finetune": [...], "tasks": {task:
   metric}, "seeds": [...], ...}}``. Stage lists hold gin files (``*.gin``) and bindings;
   the cell's own lines come after the scale's, so they win (and may use its macros).
+  ``task_finetune: {task: [...]}`` adds lines to one task's fine-tuning (BERT's SQuAD
+  runs a span-QA experiment instead of a classifier).
 * ``paper``: the published values, ``{cell label: [numbers]}`` with ``paper_columns``;
   cell labels join the option labels with " / ".
 """
@@ -24,7 +26,7 @@ import gin
 
 STAGES = ("pretrain", "finetune")
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
-              "description", "averages", "splits"}
+              "description", "averages", "splits", "task_finetune"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +58,14 @@ class Scale:
     description: str = ""
     averages: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (column, tasks): T5's "GLUE"
     splits: Tuple[Tuple[str, str], ...] = ()   # (task, split) where not `split` (MNLI)
+    task_finetune: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (task, extra lines): SQuAD
 
     def split_of(self, task: str) -> str:
         return dict(self.splits).get(task, self.split)
+
+    def finetune_lines(self, task: str) -> Tuple[str, ...]:
+        """The scale's fine-tuning lines, then the task's own (a span-QA run for SQuAD)."""
+        return self.finetune + dict(self.task_finetune).get(task, ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,15 +152,18 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
     heldout = spec.get("heldout")
     averages = tuple((column, tuple(names)) for column, names in
                      dict(spec.get("averages", {})).items())
-    unknown_tasks = {t for _, names in averages for t in names} - set(dict(spec["tasks"]))
+    task_finetune = tuple((task, tuple(lines)) for task, lines in
+                          dict(spec.get("task_finetune", {})).items())
+    unknown_tasks = ({t for _, names in averages for t in names} | set(dict(task_finetune))
+                     ) - set(dict(spec["tasks"]))
     if unknown_tasks:
-        raise ValueError(f"scale {name!r}: averages over tasks not in `tasks`: "
-                         f"{sorted(unknown_tasks)}")
+        raise ValueError(f"scale {name!r}: averages or task_finetune name tasks not in "
+                         f"`tasks`: {sorted(unknown_tasks)}")
     return Scale(name, tuple(spec["pretrain"]), tuple(spec["finetune"]),
                  tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
                  tuple(heldout) if heldout else None, spec.get("eval_examples"),
                  spec.get("split", "validation"), spec.get("description", ""), averages,
-                 tuple(dict(spec.get("splits", {})).items()))
+                 tuple(dict(spec.get("splits", {})).items()), task_finetune)
 
 
 @gin.configurable

@@ -175,7 +175,7 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
     finished stage when neither its configuration nor its pretraining changed)."""
     from t2t.train import experiment as experiment_lib
     from t2t.train import finetune as finetune_lib
-    files, bindings = stage_config(grid, grid.scale.finetune + cell.finetune)
+    files, bindings = stage_config(grid, grid.scale.finetune_lines(task) + cell.finetune)
     gin_utils.parse(files, bindings + [
         f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",
         f"MIXTURE_OR_TASK_NAME = {task!r}", f"SEED = {seed}",

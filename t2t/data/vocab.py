@@ -271,6 +271,12 @@ class WordPieceVocabulary(Vocabulary):
         encs = self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The text's ids (no specials) and each token's (start, end) character span in
+        `text` (after normalisation is undone: spans index the string as given)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, [tuple(o) for o in enc.offsets]
+
     def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
         """`[CLS] a [SEP] b [SEP]` ids and token_type_ids (0 for a's part, 1 for b's)."""
         enc = self._tok.encode(a, b)

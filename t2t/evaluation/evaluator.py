@@ -118,6 +118,23 @@ def predict_labels(model, params, features: Mapping[str, np.ndarray], *,
     return np.concatenate(out) if out else np.zeros(0)
 
 
+def predict_spans(model, params, features: Mapping[str, np.ndarray], *, batch_size: int,
+                  max_answer_length: int = 30) -> dict[str, np.ndarray]:
+    """A `SpanQA` model's best span per window of `t2t.data.span_qa` features: "start",
+    "end" [n] token positions and "span_score" [n] (SQuAD v1.1: never "no answer")."""
+    import jax
+    inputs = {k: v for k, v in features.items() if k not in ("start_positions", "end_positions")}
+    best = jax.jit(lambda p, b: model.best_spans(p, b, max_answer_length=max_answer_length,
+                                                 null_threshold=float("inf")))
+    n = len(inputs["encoder_input_tokens"])
+    out: dict[str, list] = {"start": [], "end": [], "span_score": []}
+    for start, stop in _batches(n, batch_size):
+        spans = best(params, {k: _pad_rows(v[start:stop], batch_size) for k, v in inputs.items()})
+        for key in out:
+            out[key].append(np.asarray(spans[key])[:stop - start])
+    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+
+
 def evaluate(model, params, task: str | FinetuneTask, split: str = "validation", *,
              vocabulary: Any = None, batch_size: int = 32,
              max_decode_length: int | None = None, max_examples: int | None = None,

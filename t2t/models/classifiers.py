@@ -72,12 +72,14 @@ POOLINGS = ("cls", "last")
 
 class BiLstm(nn.Module):
     """A bidirectional LSTM over each row's first `lengths` steps -> its final forward and
-    backward hidden states concatenated: [batch, length, d] -> [batch, 2 * units].
+    backward hidden states concatenated: [batch, length, d] -> [batch, 2 * units], or with
+    `sequence` every step's: [batch, length, 2 * units].
     (BERT Table 5's "+ BiLSTM" row, randomly initialised at fine-tuning.)"""
 
     units: int
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    sequence: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -90,7 +92,9 @@ class BiLstm(nn.Module):
         bilstm = nn.Bidirectional(nn.RNN(cell(name="forward")), nn.RNN(cell(name="backward")),
                                   return_carry=True)
         # A length-0 (padding) row reads one step: finite, and it carries no loss weight.
-        (forward, backward), _ = bilstm(x, seq_lengths=jnp.maximum(lengths, 1))
+        (forward, backward), steps = bilstm(x, seq_lengths=jnp.maximum(lengths, 1))
+        if self.sequence:
+            return steps                                              # [b, l, 2 units]
         return jnp.concatenate([forward[1], backward[1]], axis=-1)   # carries are (c, h)
 
 
@@ -165,16 +169,26 @@ class TokenHead(BertTrunk):
 
 
 class SpanHead(BertTrunk):
-    """BERT SQuAD head: one dense to (start, end) logits, each [batch, length]."""
+    """BERT SQuAD head: one dense to (start, end) logits, each [batch, length]; with
+    `bilstm_units` over a fresh `BiLstm`'s per-token states (BERT Table 5's "+ BiLSTM")."""
+
+    bilstm_units: Optional[int] = None
 
     def setup(self):
         super().setup()
-        self.qa_outputs = Classifier(self.config, 2, dropout_rate=0.0, name="qa_outputs")
+        cfg = self.config
+        if self.bilstm_units:
+            self.bilstm = BiLstm(self.bilstm_units, cfg.compute_dtype, cfg.params_dtype,
+                                 sequence=True, name="bilstm")
+        self.qa_outputs = Classifier(cfg, 2, dropout_rate=0.0, name="qa_outputs")
 
     def __call__(self, encoder_input_tokens, encoder_segment_ids=None, token_type_ids=None,
                  encoder_positions=None, *, deterministic: bool = True) -> Dict[str, jax.Array]:
         hidden = self.encode(encoder_input_tokens, encoder_segment_ids, token_type_ids,
-                             encoder_positions, deterministic=deterministic)
+                             encoder_positions, deterministic=deterministic)   # [b, l, d]
+        if self.bilstm_units:
+            b, l = encoder_input_tokens.shape
+            hidden = self.bilstm(hidden, last_token_index(encoder_segment_ids, l, b) + 1)
         logits = self.qa_outputs(hidden).astype(jnp.float32)         # [b, l, 2]
         return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
 
@@ -472,8 +486,8 @@ class SpanQA(_FineTuningModel):
     is `token_type_ids == 1` on real tokens unless the batch has `context_mask`."""
 
     def __init__(self, config: TransformerConfig, loss: LossConfig = LossConfig(z_loss=0.0),
-                 pretrained: Optional[Params] = None):
-        super().__init__(config, SpanHead(config), loss, pretrained)
+                 pretrained: Optional[Params] = None, bilstm_units: Optional[int] = None):
+        super().__init__(config, SpanHead(config, bilstm_units=bilstm_units), loss, pretrained)
 
     def _logits(self, params, batch: Batch, rng=None) -> Tuple[jax.Array, jax.Array]:
         out = self.apply(params, batch, rng)
@@ -508,12 +522,18 @@ class SpanQA(_FineTuningModel):
         seg = batch.get("encoder_segment_ids")
         return mask if seg is None else mask & (seg > 0)
 
+    def best_spans(self, params, batch: Batch, *, max_answer_length: int = 30,
+                   null_threshold: float = 0.0) -> Dict[str, jax.Array]:
+        """`select_spans` over the context: {"start", "end", "span_score", "null_score"}."""
+        start, end = self._logits(params, batch)
+        return select_spans(start, end, self.context_mask(batch),
+                            max_answer_length=max_answer_length, null_threshold=null_threshold)
+
     def predict(self, params, batch: Batch, *, max_answer_length: int = 30,
                 null_threshold: float = 0.0, **_) -> Tuple[jax.Array, jax.Array]:
         """(start [batch], end [batch]) token indices; (0, 0) for no answer."""
-        start, end = self._logits(params, batch)
-        spans = select_spans(start, end, self.context_mask(batch),
-                             max_answer_length=max_answer_length, null_threshold=null_threshold)
+        spans = self.best_spans(params, batch, max_answer_length=max_answer_length,
+                                null_threshold=null_threshold)
         return spans["start"], spans["end"]
 
 

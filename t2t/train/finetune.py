@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 import t2t.data.offline  # noqa: F401  registers the offline fine-tuning tasks
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
-from t2t.data.benchmarks import classification_examples
+from t2t.data.benchmarks import classification_examples, spread
 from t2t.evaluation import evaluator
 from t2t.train import experiment as experiment_lib
 from t2t.train import optimizers
@@ -197,6 +197,31 @@ def _hf_lowercase(path: str) -> bool:
     return True
 
 
+def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: bool
+               ) -> tuple[Any, Any]:
+    """(TransformerConfig, WordPieceVocabulary) of a BERT fine-tuning: from the Hugging Face
+    directory `pretrained`, else the TransformerConfig bindings and `vocabulary` (a vocab.txt)."""
+    from t2t.convert import hf
+    from t2t.data.vocab import WordPieceVocabulary
+    from t2t.nn.config import TransformerConfig
+    from_hf = pretrained is not None and is_hf_dir(pretrained)
+    if from_hf:
+        with open(os.path.join(pretrained, "config.json")) as f:
+            model_cfg = hf.bert_config(json.load(f))
+        vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
+        lowercase = _hf_lowercase(pretrained)
+    else:
+        model_cfg = TransformerConfig()
+    if vocabulary is None:
+        raise ValueError("a BERT fine-tuning needs a WordPiece `vocabulary` (vocab.txt) "
+                         "or a Hugging Face `pretrained` directory")
+    wordpiece = WordPieceVocabulary(vocabulary, lowercase=lowercase)
+    if not from_hf and model_cfg.vocab_size != wordpiece.padded_vocab_size:
+        # as `experiment()` did when pretraining on this vocabulary
+        model_cfg = model_cfg.replace(vocab_size=wordpiece.padded_vocab_size)
+    return model_cfg, wordpiece
+
+
 @gin.configurable
 def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                           max_length: int = 128, pretrained: Optional[str] = None,
@@ -211,28 +236,11 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     on that many, evenly spread over the split (quick runs). `pooling` ("cls" | "last") and `bilstm_units` (a
     fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's LTR rows fine-tune with
     `TransformerConfig.encoder_causal = True` and "last" or a BiLSTM."""
-    from t2t.convert import hf
-    from t2t.data.vocab import WordPieceVocabulary
     from t2t.models.classifiers import SequenceClassifier
-    from t2t.nn.config import TransformerConfig
     task_obj = tasks_lib.get_task(task)
     if not getattr(task_obj, "label_names", None):
         raise ValueError(f"task {task!r} has no label names: not a classification task")
-    from_hf = pretrained is not None and is_hf_dir(pretrained)
-    if from_hf:
-        with open(os.path.join(pretrained, "config.json")) as f:
-            model_cfg = hf.bert_config(json.load(f))
-        vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
-        lowercase = _hf_lowercase(pretrained)
-    else:
-        model_cfg = TransformerConfig()
-    if vocabulary is None:
-        raise ValueError("classifier_experiment needs a WordPiece `vocabulary` (vocab.txt) "
-                         "or a Hugging Face `pretrained` directory")
-    wordpiece = WordPieceVocabulary(vocabulary, lowercase=lowercase)
-    if not from_hf and model_cfg.vocab_size != wordpiece.padded_vocab_size:
-        # as `experiment()` did when pretraining on this vocabulary
-        model_cfg = model_cfg.replace(vocab_size=wordpiece.padded_vocab_size)
+    model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
     model = SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
                                bilstm_units=bilstm_units)
     train_cfg = TrainConfig()
@@ -241,6 +249,80 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
                else experiment_lib.make_trainer(model, train_cfg))
     return ClassifierExperiment(trainer, task_obj, None, batch_size, None, wordpiece,
                                 max_length, max_train_examples)
+
+
+@dataclasses.dataclass
+class SpanQAExperiment(ClassifierExperiment):
+    """A BERT `SpanQA` experiment (SQuAD): every context window of the training questions
+    (`t2t.data.span_qa`), as the reference run_squad.py."""
+
+    doc_stride: int = 128
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    _train: Any = dataclasses.field(default=None, repr=False)
+
+    def span_features(self, split: str, max_examples: Optional[int] = None,
+                      training: bool = False):
+        from t2t.data import span_qa
+        source = self.task.get_source(split)
+        records = (source[i] for i in spread(len(source), max_examples))
+        return span_qa.span_features(records, self.vocabulary, max_length=self.max_length,
+                                     doc_stride=self.doc_stride,
+                                     max_query_length=self.max_query_length, training=training)
+
+    def train_features(self):
+        """The training split's windows (made once)."""
+        if self._train is None:
+            self._train = self.span_features(self.task.splits[0], self.max_train_examples,
+                                             training=True)
+        return self._train
+
+    def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
+        return ArrayBatches(self.train_features().features, self.batch_size, self.trainer.config.seed,
+                            process_index=jax.process_index() if process_index is None
+                            else process_index,
+                            process_count=jax.process_count() if process_count is None
+                            else process_count)
+
+    def evaluate(self, params: Params, split: str, batch_size: int,
+                 max_examples: Optional[int] = None) -> Dict[str, float]:
+        """SQuAD exact match and F1 (max over the gold answers) of the best window's span."""
+        from t2t.data import span_qa
+        from t2t.evaluation import metrics
+        spans = self.span_features(split, max_examples)
+        found = evaluator.predict_spans(self.trainer.model, params, spans.features,
+                                        batch_size=batch_size,
+                                        max_answer_length=self.max_answer_length)
+        answers = span_qa.best_answers(spans, found["start"], found["end"],
+                                       found["span_score"])
+        return metrics.squad(spans.answers, answers)
+
+
+@gin.configurable
+def span_qa_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+                       max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
+                       max_answer_length: int = 30, pretrained: Optional[str] = None,
+                       vocabulary: Optional[str] = None, lowercase: bool = True,
+                       max_train_examples: Optional[int] = None,
+                       bilstm_units: Optional[int] = None,
+                       trainer_fn: Optional[Callable[..., Trainer]] = None) -> SpanQAExperiment:
+    """BERT on SQuAD v1.1 (`squad_v1_1`, or any task whose records have `question`,
+    `context` and `answers: {text, answer_start}`): windows of `max_length` tokens every
+    `doc_stride`, questions cut to `max_query_length`, answers up to `max_answer_length`
+    tokens (the reference's 384 / 128 / 64 / 30). Trunk as `classifier_experiment`;
+    `bilstm_units` puts a fresh BiLSTM under the span head (BERT Table 5's "+ BiLSTM")."""
+    from t2t.models.classifiers import SpanQA
+    task_obj = tasks_lib.get_task(task)
+    model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
+    model = SpanQA(model_cfg, bilstm_units=bilstm_units)
+    train_cfg = TrainConfig()
+    exp = SpanQAExperiment(None, task_obj, None, batch_size, None, wordpiece, max_length,
+                           max_train_examples, doc_stride, max_query_length, max_answer_length)
+    # the schedule's length counts windows, not questions
+    windows = len(exp.train_features().example_index) if trainer_fn else 0
+    exp.trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, windows) if trainer_fn
+                   else experiment_lib.make_trainer(model, train_cfg))
+    return exp
 
 
 @gin.configurable
@@ -322,9 +404,12 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
                   "prefix_lm": isinstance(exp.converter, conv.PrefixLMConverter)}
     for split in splits:
         start = time.perf_counter()
-        results[f"{exp.task.name}/{split}"] = evaluator.evaluate(
-            model, params, exp.task, split, batch_size=batch_size, max_examples=max_examples,
-            **kwargs, **decode_options)
+        if isinstance(exp, SpanQAExperiment):
+            scores = exp.evaluate(params, split, batch_size, max_examples)
+        else:
+            scores = evaluator.evaluate(model, params, exp.task, split, batch_size=batch_size,
+                                        max_examples=max_examples, **kwargs, **decode_options)
+        results[f"{exp.task.name}/{split}"] = scores
         _log.info("evaluated %s/%s in %.1f s: %s", exp.task.name, split,
                   time.perf_counter() - start, results[f"{exp.task.name}/{split}"])
     return results
@@ -415,6 +500,9 @@ def infer_lines(exp: experiment_lib.Experiment, params: Params, lines: Sequence[
     label name (classifiers). Lines are model inputs as they are (task prefix included)."""
     if not lines:
         return []
+    if isinstance(exp, SpanQAExperiment):
+        raise ValueError("span QA answers a question about a context, not one line: score "
+                         "a split with `t2t eval` instead")
     if _is_classifier(exp):
         return _classify_lines(exp, params, lines, batch_size)
     vocab = exp.task.vocabulary

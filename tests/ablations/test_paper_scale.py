@@ -128,3 +128,21 @@ def test_bert_small_scale_pretrains_with_heldout_perplexity(tmp_path, monkeypatc
     with tfds.testing.mock_data(num_examples=16):
         stage, _ = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
     assert stage["steps"] == 2 and stage["heldout"]["mlm_loss"] > 0
+
+
+def test_bert_paper_squad_fine_tuning_runs_a_span_qa_with_the_bilstm(tmp_path):
+    """Table 5's SQuAD column: the scale's task_finetune lines turn the fine-tuning into
+    span QA (with the '+ BiLSTM' row's BiLSTM under the span head), scored by F1."""
+    from tests.data.helpers import squad_records
+    grid = _bert_grid("configs/ablations/bert_table5.gin")
+    assert dict(grid.scale.tasks)["squad_v1_1"] == "f1"
+    cell = grid.select(["ltr_bilstm"])[0]
+    with tfds.testing.mock_data(num_examples=16):
+        runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+    records = {"train": squad_records(8), "validation": squad_records(4, seed=1)}
+    with tfds.testing.mock_data(as_data_source_fn=lambda _, split, *a, **k: records[str(split)]):
+        stage = runner.finetune(grid, cell, 0, "squad_v1_1", str(tmp_path / "pretrain"),
+                                str(tmp_path / "squad"))
+    assert stage["steps"] >= 2 and set(stage["metrics"]) == {"em", "f1"}
+    config = (tmp_path / "squad" / "config.gin").read_text()
+    assert "span_qa_experiment.bilstm_units = %BERT_HIDDEN" in config

@@ -144,6 +144,6 @@ def test_average_columns_need_every_task_of_their_group():
     assert cols["GLUE"](result) == 70.0 and cols["c bleu"](result) == 20.0
     del result["finetune"]["b"]
     assert cols["GLUE"](result) is None
-    with pytest.raises(ValueError, match="averages over tasks not in `tasks`"):
+    with pytest.raises(ValueError, match="averages or task_finetune name tasks not in"):
         grid_lib.make_scale("s", {"pretrain": [], "finetune": [], "tasks": {"a": "x"},
                                   "averages": {"G": ["z"]}})

@@ -220,3 +220,60 @@ first, second = config(), config()
 assert first == second, "operative configs differ"
 """
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.fixture(scope="module")
+def squad_task():
+    """A SQuAD-shaped task over bundled verses (tests/data/helpers.squad_records)."""
+    from t2t.data.benchmarks import FinetuneTask
+    from t2t.data.tasks import register_task
+    from tests.data.helpers import squad_records
+    records = {"train": squad_records(40), "validation": squad_records(12, seed=1)}
+    task = FinetuneTask("test_squad_verses", lambda split: records[split], [],
+                        splits=("train", "validation"))
+    register_task(task, overwrite=True)
+    return task
+
+
+def _parse_squad(model_dir, *extra):
+    gin_utils.parse(["runs/finetune_bert.gin", "runs/squad_bert.gin", "models/bert/test.gin"],
+                    FAST + [f"MODEL_DIR = '{model_dir}'", "INITIAL_CHECKPOINT = None",
+                            "MIXTURE_OR_TASK_NAME = 'test_squad_verses'", "MAX_LENGTH = 48",
+                            "span_qa_experiment.doc_stride = 16",
+                            "span_qa_experiment.vocabulary = @bible_wordpiece_path()",
+                            "BATCH_SIZE = 8", "evaluate_experiment.batch_size = 8", *extra])
+
+
+def test_span_qa_fine_tunes_with_a_bilstm_and_scores_squad_f1(squad_task, tmp_path):
+    """BERT on SQuAD through gin (runs/squad_bert.gin): the schedule counts windows, a
+    BiLSTM under the span head (BERT Table 5), EM/F1 on the validation split."""
+    _parse_squad(tmp_path, "EPOCHS = 0.25", "span_qa_experiment.bilstm_units = 16")
+    exp = finetune.finetune_experiment()
+    windows = len(exp.train_features().example_index)
+    assert windows > 40 and exp.trainer.config.train_steps == -(-windows // 32)
+    assert exp.trainer.model.module.bilstm_units == 16
+    out = finetune.run()
+    scores = out["metrics"]["test_squad_verses/validation"]
+    assert set(scores) == {"em", "f1"} and 0.0 <= scores["em"] <= scores["f1"] <= 100.0
+    with pytest.raises(ValueError, match="span QA answers a question"):
+        finetune.infer_lines(exp, out["result"].state.params, ["a line"])
+
+
+def test_span_qa_scoring_maps_gold_spans_back_to_the_answers(squad_task, tmp_path,
+                                                             monkeypatch):
+    """An oracle that points at the gold tokens scores EM 100 on every question whose
+    answer fits a window: token positions -> offsets -> context text -> SQuAD metric."""
+    _parse_squad(tmp_path)
+    exp = finetune.finetune_experiment()
+    spans = exp.span_features("validation")
+    answerable = {int(q) for q in spans.example_index[spans.features["start_positions"] > 0]}
+    assert len(answerable) >= 10
+
+    def oracle(model, params, features, **_):
+        gold = features["start_positions"] > 0
+        return {"start": features["start_positions"], "end": features["end_positions"],
+                "span_score": np.where(gold, 1.0, -np.inf)}
+
+    monkeypatch.setattr(finetune.evaluator, "predict_spans", oracle)
+    scores = exp.evaluate(None, "validation", batch_size=8)
+    assert scores["em"] == pytest.approx(100.0 * len(answerable) / 12)
