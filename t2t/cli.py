@@ -102,9 +102,12 @@ def cmd_infer(args) -> int:
     exp, params = finetune.restore_experiment()
     options = {"beam": {"beam_size": args.beam_size, "alpha": args.alpha},
                "greedy": {}}[args.strategy]
+    prefix = None if args.raw else getattr(exp.task, "input_prefix", None)
+    if prefix:
+        print(f"inputs start with the task's {prefix!r} (--raw: as given)", file=sys.stderr)
     outputs = finetune.infer_lines(exp, params, lines, batch_size=args.batch_size,
                                    max_decode_length=args.max_decode_length,
-                                   strategy=args.strategy, **options)
+                                   prefix=prefix, strategy=args.strategy, **options)
     out = sys.stdout if args.output in (None, "-") else open(args.output, "w")
     for text in outputs:
         print(" ".join(str(text).split()), file=out)
@@ -177,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_decode_length", type=int,
                    help="default: the target feature length")
+    p.add_argument("--raw", action="store_true",
+                   help="lines are model inputs as they are (no task prefix added)")
     p.set_defaults(func=cmd_infer)
     p = sub.add_parser("ablate", help="run a paper's ablation table (configs/ablations)")
     p.add_argument("grid", help="grid gin file, e.g. configs/ablations/t5_table2.gin")

@@ -59,7 +59,9 @@ class FinetuneTask(Task):
     string (or the example's target string) to what the metrics compare: by default the
     label id for tasks with ``label_names`` (-1 for an unknown string), else the text.
     ``encoder_pair_fn(record) -> (text_a, text_b | None, label)`` makes the task usable by
-    BERT-style classifiers (``classification_examples``).
+    BERT-style classifiers (``classification_examples``). ``input_prefix``: what the
+    task's inputs start with when they are one text field (``"translate English to
+    German: "``), so ``t2t infer`` can give a plain line the form the model was tuned on.
     """
 
     def __init__(self, name: str, split_source_fn: Callable[[str], RandomAccessSource],
@@ -67,8 +69,10 @@ class FinetuneTask(Task):
                  metric_fns: Sequence[Callable] = (), *, splits: Sequence[str] = SPLITS,
                  postprocess_fn: Callable | None = None,
                  label_names: Sequence[str] | None = None,
-                 encoder_pair_fn: Callable | None = None, description: str = ""):
+                 encoder_pair_fn: Callable | None = None, description: str = "",
+                 input_prefix: str | None = None):
         self.splits = tuple(splits)
+        self.input_prefix = input_prefix
         super().__init__(name, functools.partial(split_source_fn, self.splits[0]),
                          preprocessors, vocabulary, metric_fns, description)
         self.split_source_fn = split_source_fn
@@ -319,10 +323,15 @@ def squad_format(record: Mapping) -> dict:
     return {"inputs": inputs, "targets": answers[0], "answers": answers}
 
 
+def translate_prefix(source: str, target: str) -> str:
+    """``translate English to German: `` for ("en", "de")."""
+    return f"translate {LANGUAGES[source]} to {LANGUAGES[target]}: "
+
+
 def translate_format(record: Mapping, *, source: str, target: str) -> dict:
     """T5's ``translate``: ``translate English to German: <en>`` -> ``<de>``."""
-    prompt = f"translate {LANGUAGES[source]} to {LANGUAGES[target]}: "
-    return {"inputs": prompt + text(record[source]), "targets": text(record[target])}
+    return {"inputs": translate_prefix(source, target) + text(record[source]),
+            "targets": text(record[target])}
 
 
 def summarize_format(record: Mapping, *, article_key: str = "article",
@@ -467,10 +476,12 @@ def benchmark_tasks(vocabulary: Any, data_dir: str | None = None) -> list[Finetu
         tasks.append(FinetuneTask(
             name, source(tfds_name),
             [functools.partial(translate_format, source=src, target=tgt), tok], vocabulary,
-            (metrics.bleu,), description=f"{tfds_name} {src}->{tgt}, BLEU (intl)"))
+            (metrics.bleu,), description=f"{tfds_name} {src}->{tgt}, BLEU (intl)",
+            input_prefix=translate_prefix(src, tgt)))
     tasks.append(FinetuneTask(
         "cnn_dailymail", source("cnn_dailymail"), [summarize_format, tok], vocabulary,
-        (metrics.rouge,), description="CNN/DailyMail summarize: article -> highlights, ROUGE"))
+        (metrics.rouge,), description="CNN/DailyMail summarize: article -> highlights, ROUGE",
+        input_prefix="summarize: "))
     return tasks
 
 

@@ -46,7 +46,7 @@ from typing import Any
 from t2t.data import builders, bundled
 from t2t.data.benchmarks import (LANGUAGES, FinetuneTask, classification_examples,
                                  f1_with_invalid, macro_f1, text, tokenize_text_to_text,
-                                 translate_format)
+                                 translate_format, translate_prefix)
 from t2t.data.sources import JsonlSource, ListSource
 from t2t.data.tasks import bible_sentencepiece, register_task
 from t2t.evaluation import metrics
@@ -156,24 +156,27 @@ def offline_tasks(vocabulary: Any = bible_sentencepiece) -> list[FinetuneTask]:
     """The offline suite's tasks, tokenizing with ``vocabulary`` (object or factory)."""
     tok, p = tokenize_text_to_text, functools.partial
     built = lambda name: p(built_source, name)  # noqa: E731
+    en_es, modernize = translate_prefix("en", "es"), "modernize: "
     tasks = [
         FinetuneTask("bible_translate_en_es", p(bible_pairs, "web", "rv1909"),
-                     [p(pair_format, prefix="translate English to Spanish: ", source="web",
-                        target="rv1909"), tok], vocabulary,
-                     (metrics.bleu,), description="WEB -> Reina-Valera 1909 verses, BLEU"),
+                     [p(pair_format, prefix=en_es, source="web", target="rv1909"), tok],
+                     vocabulary, (metrics.bleu,),
+                     description="WEB -> Reina-Valera 1909 verses, BLEU", input_prefix=en_es),
         FinetuneTask("bible_paraphrase_kjv_web", paraphrase_pairs, [paraphrase_format, tok],
                      vocabulary, (metrics.accuracy, f1_with_invalid),
                      label_names=PARAPHRASE_LABELS, encoder_pair_fn=paraphrase_pair,
                      description="is a WEB verse the KJV verse's paraphrase? (balanced)"),
         FinetuneTask("bible_style_kjv_to_web", p(bible_pairs, "kjv", "web"),
-                     [p(pair_format, prefix="modernize: ", source="kjv", target="web"), tok],
-                     vocabulary, (metrics.bleu,), description="KJV -> WEB style transfer"),
+                     [p(pair_format, prefix=modernize, source="kjv", target="web"), tok],
+                     vocabulary, (metrics.bleu,), description="KJV -> WEB style transfer",
+                     input_prefix=modernize),
         FinetuneTask("bbc_topic", built("bbc"), [bbc_topic_format, tok], vocabulary,
                      (metrics.accuracy, p(macro_f1, num_classes=len(BBC_CATEGORIES))),
                      label_names=BBC_CATEGORIES, encoder_pair_fn=bbc_pair,
-                     description="BBC News topic, 5 classes"),
+                     description="BBC News topic, 5 classes", input_prefix="topic: "),
         FinetuneTask("bbc_headline", built("bbc"), [bbc_headline_format, tok], vocabulary,
-                     (metrics.rouge,), description="BBC News article -> headline, ROUGE"),
+                     (metrics.rouge,), description="BBC News article -> headline, ROUGE",
+                     input_prefix="headline: "),
         FinetuneTask("spam", built("spam"), [spam_format, tok], vocabulary,
                      (f1_with_invalid, metrics.accuracy), label_names=SPAM_LABELS,
                      encoder_pair_fn=spam_pair,
@@ -183,7 +186,8 @@ def offline_tasks(vocabulary: Any = bible_sentencepiece) -> list[FinetuneTask]:
         tasks.append(FinetuneTask(
             f"gettext_en_{lang}", built(f"gettext_{lang}"),
             [p(translate_format, source="en", target=lang), tok], vocabulary, (metrics.bleu,),
-            description=f"software messages English -> {LANGUAGES[lang]}, BLEU"))
+            description=f"software messages English -> {LANGUAGES[lang]}, BLEU",
+            input_prefix=translate_prefix("en", lang)))
     return tasks
 
 

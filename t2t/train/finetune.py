@@ -495,11 +495,15 @@ def _classify_lines(exp: ClassifierExperiment, params: Params, lines: Sequence[s
 
 def infer_lines(exp: experiment_lib.Experiment, params: Params, lines: Sequence[str], *,
                 batch_size: int = 32, max_decode_length: Optional[int] = None,
-                **decode_options) -> List[str]:
+                prefix: Optional[str] = None, **decode_options) -> List[str]:
     """One output per input line: decoded text (text-to-text / decoder-only models), or a
-    label name (classifiers). Lines are model inputs as they are (task prefix included)."""
+    label name (classifiers). `prefix` (a task's `input_prefix`, e.g. "translate English
+    to Spanish: ") starts every line that does not already start with it; without it
+    lines are model inputs as they are."""
     if not lines:
         return []
+    if prefix:
+        lines = [line if line.startswith(prefix) else prefix + line for line in lines]
     if isinstance(exp, SpanQAExperiment):
         raise ValueError("span QA answers a question about a context, not one line: score "
                          "a split with `t2t eval` instead")

@@ -127,6 +127,26 @@ def test_infer_cli_prints_one_line_per_input(finetuned, monkeypatch, capsys, str
     assert len(capsys.readouterr().out.split("\n")) == len(lines) + 1  # trailing newline
 
 
+@pytest.mark.parametrize("raw", [False, True])
+def test_infer_gives_plain_lines_the_tasks_prefix(finetuned, monkeypatch, capsys, raw):
+    """`t2t infer` adds the task's input_prefix to lines that lack it (`--raw`: not)."""
+    seen = []
+
+    def fake_predict(model, params, examples, vocabulary, **_):
+        seen.extend(vocabulary.decode(ex["inputs"][:-1]) for ex in examples)
+        return ["" for _ in examples]
+
+    monkeypatch.setattr(finetune.evaluator, "predict_texts", fake_predict)
+    prefix = "translate English to Spanish: "
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"Jesus wept.\n{prefix}Amen.\n"))
+    main(["infer", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={finetuned}",
+          "--gin.INITIAL_CHECKPOINT=unused", *(["--raw"] if raw else []),
+          *[f"--gin={b}" for b in FT_BINDINGS]])
+    assert seen == (["Jesus wept.", f"{prefix}Amen."] if raw
+                    else [f"{prefix}Jesus wept.", f"{prefix}Amen."])
+    assert ("(--raw: as given)" in capsys.readouterr().err) != raw
+
+
 def test_eval_without_checkpoints_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no checkpoints"):
         main(["eval", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={tmp_path}",
