@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from t2t.ablations.grid import Cell, Grid
 
@@ -141,6 +141,13 @@ def _human(x: float) -> str:
     return f"{x:.0f}"
 
 
+def _copied(found: Sequence[Mapping[str, Any]]) -> str:
+    """' (ran in <grid>)' when the cell's pretraining was copied from another grid's."""
+    grids = sorted({r["pretrain"]["copied_from"].replace(os.sep, "/").split("/")[-5]
+                    for r in found if "copied_from" in r["pretrain"]})
+    return f" (ran in {', '.join(grids)})" if grids else ""
+
+
 def compute_table(grid: Grid, results: Results) -> str:
     """Per cell (mean over its seeds): parameters, pretraining steps/tokens/FLOPs/wall,
     fine-tuning FLOPs and wall summed over the downstream tasks."""
@@ -159,7 +166,7 @@ def compute_table(grid: Grid, results: Results) -> str:
             f"{mean(lambda r: r['pretrain']['steps']):.0f}",
             _human(mean(lambda r: r["pretrain"]["tokens"])),
             _human(mean(lambda r: r["pretrain"]["flops"])),
-            f"{mean(lambda r: r['pretrain']['wall_s']):.0f} s",
+            f"{mean(lambda r: r['pretrain']['wall_s']):.0f} s" + _copied(found),
             f"{mean(lambda r: ft(r, 'steps')):.0f}",
             _human(mean(lambda r: ft(r, "flops"))),
             f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"]) + " |")

@@ -11,6 +11,7 @@ nothing: ``config.sha256`` in the stage directory records what it ran. Directory
 from __future__ import annotations
 
 import datetime
+import glob
 import hashlib
 import json
 import logging
@@ -129,6 +130,27 @@ def reuse(stage_dir: str, config_str: str, sha: str,
     return _read(os.path.join(stage_dir, "stage.json"))
 
 
+def twin_pretraining(model_dir: str, config_str: str) -> Optional[str]:
+    """A finished pretraining of another grid (same out_dir, scale and seed) that ran
+    exactly this configuration, its directory aside: T5 Tables 5-7 share Table 2's
+    baseline. `model_dir` is <out_dir>/<grid>/<scale>/<cell>/seed<k>/pretrain."""
+    seed_dir = os.path.dirname(model_dir)
+    scale_dir = os.path.dirname(os.path.dirname(seed_dir))
+    out_dir = os.path.dirname(os.path.dirname(scale_dir))
+    pattern = os.path.join(out_dir, "*", os.path.basename(scale_dir), "*",
+                           os.path.basename(seed_dir), os.path.basename(model_dir))
+    ours = config_str.replace(model_dir, "<MODEL_DIR>")
+    for other in sorted(glob.glob(pattern)):
+        if os.path.abspath(other) == os.path.abspath(model_dir):
+            continue
+        text = _read_text(os.path.join(other, "config.gin"))
+        if (text is not None and os.path.exists(os.path.join(other, "stage.json"))
+                and _read_text(os.path.join(other, "config.sha256")) == fingerprint(text)
+                and text.replace(other, "<MODEL_DIR>") == ours):
+            return other
+    return None
+
+
 def _read_text(path: str) -> Optional[str]:
     if not os.path.exists(path):
         return None
@@ -150,6 +172,17 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     sha = fingerprint(config_str)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
+        return stage, sha
+    twin = twin_pretraining(model_dir, config_str)
+    if twin is not None:
+        progress(f"pretraining: the same configuration finished in {twin}; copying it")
+        stage = {**_read(os.path.join(twin, "stage.json")), "copied_from": twin}
+        if jax.process_index() == 0:
+            shutil.copytree(twin, model_dir, dirs_exist_ok=True)
+            with open(os.path.join(model_dir, "config.sha256"), "w") as f:
+                f.write(sha)
+            _write(os.path.join(model_dir, "stage.json"), stage)
+        experiment_lib.write_operative_config(exp)
         return stage, sha
     progress("pretraining")
     experiment_lib.write_operative_config(exp)

@@ -106,6 +106,32 @@ def test_a_stage_reruns_when_its_configuration_changed(tmp_path):
     assert runner.reuse(str(legacy), "A2", "sha-a2", said.append) is None
 
 
+def test_another_grids_identical_pretraining_is_copied_not_rerun(ran, tmp_path, monkeypatch):
+    """A second grid whose cell pretrains exactly as a finished one (T5 Tables 5-7's
+    baseline is Table 2's) copies that pretraining; a different one does not."""
+    from t2t.train import trainer as trainer_lib
+    _, out, _ = ran
+    path = tmp_path / "micro2.gin"
+    path.write_text(GRID.replace("'micro'", "'micro2'").replace(
+        "'Prefix LM': [\"MODEL_FAMILY = 'gpt'\", \"experiment.converter = 'prefix_lm'\"]",
+        "'Wide': ['TransformerConfig.d_ff = 96']").replace(
+        "'Prefix LM': [81.82]", "'Wide': [0.0]").replace("'P': 'Prefix LM'", "'P': 'Wide'"))
+    grid = grid_lib.load_grid(str(path), "tiny")
+    same, wide = grid.cells
+    monkeypatch.setattr(trainer_lib, "fit", lambda *a, **k: pytest.fail("trained again"))
+    said = []
+    model_dir = runner.pretrain_dir(out, grid, same, 0)
+    stage, sha = runner.pretrain(grid, same, 0, model_dir, said.append)
+    twin = os.path.join(out, "micro", "tiny", "encoder_decoder", "seed0", "pretrain")
+    assert stage["copied_from"] == twin and stage["steps"] == 2 and "copying" in said[0]
+    assert os.listdir(os.path.join(model_dir, "checkpoints")) == ["2"]
+    assert model_dir in open(os.path.join(model_dir, "config.gin")).read()
+    assert runner.pretrain(grid, same, 0, model_dir, said.append) == (stage, sha)  # cached
+    assert report._copied([{"pretrain": stage}]) == " (ran in micro)"
+    with pytest.raises(pytest.fail.Exception, match="trained again"):
+        runner.pretrain(grid, wide, 0, runner.pretrain_dir(out, grid, wide, 0), said.append)
+
+
 def test_report_puts_our_numbers_beside_the_papers(ran):
     grid, out, docs = ran
     md = open(os.path.join(docs, "micro_tiny.md")).read()
