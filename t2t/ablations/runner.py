@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -139,16 +140,24 @@ def twin_pretraining(model_dir: str, config_str: str) -> Optional[str]:
     out_dir = os.path.dirname(os.path.dirname(scale_dir))
     pattern = os.path.join(out_dir, "*", os.path.basename(scale_dir), "*",
                            os.path.basename(seed_dir), os.path.basename(model_dir))
-    ours = config_str.replace(model_dir, "<MODEL_DIR>")
+    ours = _without_model_dir(config_str)
     for other in sorted(glob.glob(pattern)):
         if os.path.abspath(other) == os.path.abspath(model_dir):
             continue
         text = _read_text(os.path.join(other, "config.gin"))
         if (text is not None and os.path.exists(os.path.join(other, "stage.json"))
                 and _read_text(os.path.join(other, "config.sha256")) == fingerprint(text)
-                and text.replace(other, "<MODEL_DIR>") == ours):
+                and _without_model_dir(text) == ours):
             return other
     return None
+
+
+# The MODEL_DIR binding of an operative config, with the lines gin wraps a long path onto.
+_MODEL_DIR_BINDING = re.compile(r"^MODEL_DIR = [^\n]*(?:\n[ \t]+[^\n]*)*", re.MULTILINE)
+
+
+def _without_model_dir(config_str: str) -> str:
+    return _MODEL_DIR_BINDING.sub("MODEL_DIR = <MODEL_DIR>", config_str)
 
 
 def _read_text(path: str) -> Optional[str]:

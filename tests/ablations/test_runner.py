@@ -128,6 +128,11 @@ def test_another_grids_identical_pretraining_is_copied_not_rerun(ran, tmp_path, 
     assert model_dir in open(os.path.join(model_dir, "config.gin")).read()
     assert runner.pretrain(grid, same, 0, model_dir, said.append) == (stage, sha)  # cached
     assert report._copied([{"pretrain": stage}]) == " (ran in micro)"
+    # gin wraps a long MODEL_DIR onto the next line(s); the comparison ignores the binding
+    short = "MODEL_DIR = 'a/b'\nX = 1\n"
+    wrapped = "MODEL_DIR = \\\n    ('a/very/long/'\n     'b')\nX = 1\n"
+    assert runner._without_model_dir(short) == runner._without_model_dir(wrapped)
+    assert runner._without_model_dir(short) != runner._without_model_dir(short.replace("1", "2"))
     with pytest.raises(pytest.fail.Exception, match="trained again"):
         runner.pretrain(grid, wide, 0, runner.pretrain_dir(out, grid, wide, 0), said.append)
 
