@@ -131,33 +131,55 @@ def reuse(stage_dir: str, config_str: str, sha: str,
     return _read(os.path.join(stage_dir, "stage.json"))
 
 
-def twin_pretraining(model_dir: str, config_str: str) -> Optional[str]:
-    """A finished pretraining of another grid (same out_dir, scale and seed) that ran
-    exactly this configuration, its directory aside: T5 Tables 5-7 share Table 2's
-    baseline. `model_dir` is <out_dir>/<grid>/<scale>/<cell>/seed<k>/pretrain."""
-    seed_dir = os.path.dirname(model_dir)
-    scale_dir = os.path.dirname(os.path.dirname(seed_dir))
-    out_dir = os.path.dirname(os.path.dirname(scale_dir))
-    pattern = os.path.join(out_dir, "*", os.path.basename(scale_dir), "*",
-                           os.path.basename(seed_dir), os.path.basename(model_dir))
-    ours = _without_model_dir(config_str)
+def twin_pretraining(out_dir: str, grid: Grid, seed: int, model_dir: str,
+                     config_str: str) -> Optional[str]:
+    """A finished pretraining of another grid under `out_dir` (same scale and seed) that
+    ran this configuration, its directory aside: T5 Tables 5-7 share Table 2's baseline."""
+    pattern = os.path.join(out_dir, "*", grid.scale.name, "*", f"seed{seed}", "pretrain")
     for other in sorted(glob.glob(pattern)):
-        if os.path.abspath(other) == os.path.abspath(model_dir):
-            continue
-        text = _read_text(os.path.join(other, "config.gin"))
-        if (text is not None and os.path.exists(os.path.join(other, "stage.json"))
-                and _read_text(os.path.join(other, "config.sha256")) == fingerprint(text)
-                and _without_model_dir(text) == ours):
+        if (os.path.abspath(other) != os.path.abspath(model_dir)
+                and _finished_as(other, config_str, upstream="")):
             return other
     return None
 
 
-# The MODEL_DIR binding of an operative config, with the lines gin wraps a long path onto.
-_MODEL_DIR_BINDING = re.compile(r"^MODEL_DIR = [^\n]*(?:\n[ \t]+[^\n]*)*", re.MULTILINE)
+def twin_finetuning(pretrain_twin: str, task: str, config_str: str, tail: str
+                    ) -> Optional[str]:
+    """The fine-tuning on `task` that followed the pretraining we copied, if it ran this
+    configuration (`tail`: the split and eval size of our fingerprint)."""
+    other = os.path.join(os.path.dirname(pretrain_twin), "finetune", task)
+    upstream = f"{_read_text(os.path.join(pretrain_twin, 'config.sha256'))} {tail}"
+    return other if _finished_as(other, config_str, upstream) else None
 
 
-def _without_model_dir(config_str: str) -> str:
-    return _MODEL_DIR_BINDING.sub("MODEL_DIR = <MODEL_DIR>", config_str)
+def _finished_as(stage_dir: str, config_str: str, upstream: str) -> bool:
+    """Whether `stage_dir` finished a run of `config_str` (its own directories aside) and
+    is not stale (its fingerprint is that of its config.gin and `upstream`)."""
+    text = _read_text(os.path.join(stage_dir, "config.gin"))
+    return (text is not None and os.path.exists(os.path.join(stage_dir, "stage.json"))
+            and _read_text(os.path.join(stage_dir, "config.sha256")) == fingerprint(text,
+                                                                                   upstream)
+            and _without_dirs(text) == _without_dirs(config_str))
+
+
+def _copy_stage(twin: str, stage_dir: str, sha: str) -> Dict[str, Any]:
+    """`twin`'s finished stage copied into `stage_dir` under our fingerprint, marked."""
+    stage = {**_read(os.path.join(twin, "stage.json")), "copied_from": twin}
+    if jax.process_index() == 0:
+        shutil.copytree(twin, stage_dir, dirs_exist_ok=True)
+        with open(os.path.join(stage_dir, "config.sha256"), "w") as f:
+            f.write(sha)
+        _write(os.path.join(stage_dir, "stage.json"), stage)
+    return stage
+
+
+# A stage's own directories in its operative config, with the lines gin wraps a long path onto.
+_DIR_BINDINGS = re.compile(r"^(MODEL_DIR|INITIAL_CHECKPOINT) = [^\n]*(?:\n[ \t]+[^\n]*)*",
+                           re.MULTILINE)
+
+
+def _without_dirs(config_str: str) -> str:
+    return _DIR_BINDINGS.sub(r"\1 = <dir>", config_str)
 
 
 def _read_text(path: str) -> Optional[str]:
@@ -168,9 +190,11 @@ def _read_text(path: str) -> Optional[str]:
 
 
 def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
-             progress: Callable[[str], None] = print) -> Tuple[Dict[str, Any], str]:
+             progress: Callable[[str], None] = print,
+             out_dir: Optional[str] = None) -> Tuple[Dict[str, Any], str]:
     """(stage, fingerprint): the cell's pretraining (resumed, or reused when it finished
-    with this configuration), then the scale's held-out score if it has one."""
+    with this configuration, or copied from another grid's under `out_dir` that did),
+    then the scale's held-out score if it has one."""
     from t2t.data import tasks as tasks_lib
     from t2t.train import experiment as experiment_lib
     from t2t.train.trainer import fit
@@ -182,15 +206,10 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage, sha
-    twin = twin_pretraining(model_dir, config_str)
-    if twin is not None:
+    twin = out_dir and twin_pretraining(out_dir, grid, seed, model_dir, config_str)
+    if twin:
         progress(f"pretraining: the same configuration finished in {twin}; copying it")
-        stage = {**_read(os.path.join(twin, "stage.json")), "copied_from": twin}
-        if jax.process_index() == 0:
-            shutil.copytree(twin, model_dir, dirs_exist_ok=True)
-            with open(os.path.join(model_dir, "config.sha256"), "w") as f:
-                f.write(sha)
-            _write(os.path.join(model_dir, "stage.json"), stage)
+        stage = _copy_stage(twin, model_dir, sha)
         experiment_lib.write_operative_config(exp)
         return stage, sha
     progress("pretraining")
@@ -212,9 +231,11 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
 
 def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
              model_dir: str, pretrained_sha: str = "",
-             progress: Callable[[str], None] = print) -> Dict[str, Any]:
+             progress: Callable[[str], None] = print,
+             pretrain_twin: Optional[str] = None) -> Dict[str, Any]:
     """Fine-tune the pretrained cell on `task` and score the scale's split (or reuse the
-    finished stage when neither its configuration nor its pretraining changed)."""
+    finished stage when neither its configuration nor its pretraining changed, or copy
+    the same fine-tuning of `pretrain_twin`, the pretraining ours was copied from)."""
     from t2t.train import experiment as experiment_lib
     from t2t.train import finetune as finetune_lib
     files, bindings = stage_config(grid, grid.scale.finetune_lines(task) + cell.finetune)
@@ -225,10 +246,16 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
     exp = finetune_lib.finetune_experiment()
     config_str = experiment_lib.operative_config(exp)
     split = grid.scale.split_of(task)
-    stage = reuse(model_dir, config_str,
-                  fingerprint(config_str, f"{pretrained_sha} {split} {grid.scale.eval_examples}"),
-                  progress)
+    tail = f"{split} {grid.scale.eval_examples}"
+    sha = fingerprint(config_str, f"{pretrained_sha} {tail}")
+    stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
+        return stage
+    twin = pretrain_twin and twin_finetuning(pretrain_twin, task, config_str, tail)
+    if twin:
+        progress(f"fine-tuning on {task}: the same run finished in {twin}; copying it")
+        stage = _copy_stage(twin, model_dir, sha)
+        experiment_lib.write_operative_config(exp)
         return stage
     progress(f"fine-tuning on {task}")
     out = finetune_lib.run([split], exp=exp)
@@ -251,13 +278,13 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
         progress(f"{cell.label} (seed {seed}): {message}")
 
     pre_dir = pretrain_dir(out_dir, grid, cell, seed)
-    pre, pre_sha = pretrain(grid, cell, seed, pre_dir, say)
+    pre, pre_sha = pretrain(grid, cell, seed, pre_dir, say, out_dir)
     if pre["stopped_by"] != "done":
         return {"stopped_by": pre["stopped_by"]}
     downstream = {}
     for task, _ in grid.scale.tasks:
         stage = finetune(grid, cell, seed, task, pre_dir, os.path.join(root, "finetune", task),
-                         pre_sha, say)
+                         pre_sha, say, pre.get("copied_from"))
         if stage["stopped_by"] != "done":
             return {"stopped_by": stage["stopped_by"]}
         downstream[task] = stage

@@ -106,10 +106,10 @@ def test_a_stage_reruns_when_its_configuration_changed(tmp_path):
     assert runner.reuse(str(legacy), "A2", "sha-a2", said.append) is None
 
 
-def test_another_grids_identical_pretraining_is_copied_not_rerun(ran, tmp_path, monkeypatch):
-    """A second grid whose cell pretrains exactly as a finished one (T5 Tables 5-7's
-    baseline is Table 2's) copies that pretraining; a different one does not."""
-    from t2t.train import trainer as trainer_lib
+def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monkeypatch):
+    """A second grid whose cell pretrains and fine-tunes exactly as a finished one (T5
+    Tables 5-7's baseline is Table 2's) copies both stages; a different cell trains."""
+    from t2t.train import finetune as finetune_lib, trainer as trainer_lib
     _, out, _ = ran
     path = tmp_path / "micro2.gin"
     path.write_text(GRID.replace("'micro'", "'micro2'").replace(
@@ -118,23 +118,29 @@ def test_another_grids_identical_pretraining_is_copied_not_rerun(ran, tmp_path, 
         "'Prefix LM': [81.82]", "'Wide': [0.0]").replace("'P': 'Prefix LM'", "'P': 'Wide'"))
     grid = grid_lib.load_grid(str(path), "tiny")
     same, wide = grid.cells
-    monkeypatch.setattr(trainer_lib, "fit", lambda *a, **k: pytest.fail("trained again"))
+    for module in (trainer_lib, finetune_lib):
+        monkeypatch.setattr(module, "fit", lambda *a, **k: pytest.fail("trained again"))
     said = []
+    result = runner.run_cell(grid, same, 0, out, said.append)
+    twin = os.path.join(out, "micro", "tiny", "encoder_decoder", "seed0")
+    assert result["pretrain"]["copied_from"] == os.path.join(twin, "pretrain")
+    tuned = result["finetune"]["bible_style_kjv_to_web"]
+    assert tuned["copied_from"] == os.path.join(twin, "finetune", "bible_style_kjv_to_web")
+    assert tuned["metrics"] == json.load(open(os.path.join(
+        twin, "result.json")))["finetune"]["bible_style_kjv_to_web"]["metrics"]
+    assert sum("copying" in m for m in said) == 2
     model_dir = runner.pretrain_dir(out, grid, same, 0)
-    stage, sha = runner.pretrain(grid, same, 0, model_dir, said.append)
-    twin = os.path.join(out, "micro", "tiny", "encoder_decoder", "seed0", "pretrain")
-    assert stage["copied_from"] == twin and stage["steps"] == 2 and "copying" in said[0]
     assert os.listdir(os.path.join(model_dir, "checkpoints")) == ["2"]
     assert model_dir in open(os.path.join(model_dir, "config.gin")).read()
-    assert runner.pretrain(grid, same, 0, model_dir, said.append) == (stage, sha)  # cached
-    assert report._copied([{"pretrain": stage}]) == " (ran in micro)"
-    # gin wraps a long MODEL_DIR onto the next line(s); the comparison ignores the binding
+    assert runner.run_cell(grid, same, 0, out, said.append) == result    # cached now
+    assert report._copied([result]) == " (ran in micro)"
+    with pytest.raises(pytest.fail.Exception, match="trained again"):
+        runner.run_cell(grid, wide, 0, out, said.append)
+    # gin wraps a long directory onto the next line(s); the comparison ignores the binding
     short = "MODEL_DIR = 'a/b'\nX = 1\n"
     wrapped = "MODEL_DIR = \\\n    ('a/very/long/'\n     'b')\nX = 1\n"
-    assert runner._without_model_dir(short) == runner._without_model_dir(wrapped)
-    assert runner._without_model_dir(short) != runner._without_model_dir(short.replace("1", "2"))
-    with pytest.raises(pytest.fail.Exception, match="trained again"):
-        runner.pretrain(grid, wide, 0, runner.pretrain_dir(out, grid, wide, 0), said.append)
+    assert runner._without_dirs(short) == runner._without_dirs(wrapped)
+    assert runner._without_dirs(short) != runner._without_dirs(short.replace("1", "2"))
 
 
 def test_report_puts_our_numbers_beside_the_papers(ran):
