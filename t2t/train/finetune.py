@@ -233,9 +233,10 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     """A `SequenceClassifier` over `task`'s labels, inputs cut to `max_length`. Config and
     WordPiece vocabulary come from the Hugging Face directory `pretrained`, else from the
     TransformerConfig bindings and `vocabulary` (a vocab.txt). `max_train_examples`: train
-    on that many, evenly spread over the split (quick runs). `pooling` ("cls" | "last") and `bilstm_units` (a
-    fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's LTR rows fine-tune with
-    `TransformerConfig.encoder_causal = True` and "last" or a BiLSTM."""
+    on that many, evenly spread over the split (quick runs). `pooling` ("cls" | "last")
+    and `bilstm_units` (a fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's
+    LTR rows fine-tune with `TransformerConfig.encoder_causal = True` and "last" or a
+    BiLSTM."""
     from t2t.models.classifiers import SequenceClassifier
     task_obj = tasks_lib.get_task(task)
     if not getattr(task_obj, "label_names", None):
@@ -278,7 +279,8 @@ class SpanQAExperiment(ClassifierExperiment):
         return self._train
 
     def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
-        return ArrayBatches(self.train_features().features, self.batch_size, self.trainer.config.seed,
+        return ArrayBatches(self.train_features().features, self.batch_size,
+                            self.trainer.config.seed,
                             process_index=jax.process_index() if process_index is None
                             else process_index,
                             process_count=jax.process_count() if process_count is None
