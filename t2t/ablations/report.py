@@ -141,11 +141,15 @@ def _human(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _copied(found: Sequence[Mapping[str, Any]]) -> str:
-    """' (ran in <grid>)' when the cell's pretraining was copied from another grid's."""
-    grids = sorted({r["pretrain"]["copied_from"].replace(os.sep, "/").split("/")[-5]
-                    for r in found if "copied_from" in r["pretrain"]})
-    return f" (ran in {', '.join(grids)})" if grids else ""
+def _copied(stages: Sequence[Mapping[str, Any]]) -> str:
+    """' (ran in <grid>)' when stages were copied from another grid's (`runner` twins):
+    <out>/<grid>/<scale>/<cell>/seed<k>/pretrain or .../finetune/<task>."""
+    grids = set()
+    for stage in stages:
+        if "copied_from" in stage:
+            parts = stage["copied_from"].replace(os.sep, "/").split("/")
+            grids.add(parts[-5] if parts[-1] == "pretrain" else parts[-6])
+    return f" (ran in {', '.join(sorted(grids))})" if grids else ""
 
 
 def compute_table(grid: Grid, results: Results) -> str:
@@ -166,10 +170,12 @@ def compute_table(grid: Grid, results: Results) -> str:
             f"{mean(lambda r: r['pretrain']['steps']):.0f}",
             _human(mean(lambda r: r["pretrain"]["tokens"])),
             _human(mean(lambda r: r["pretrain"]["flops"])),
-            f"{mean(lambda r: r['pretrain']['wall_s']):.0f} s" + _copied(found),
+            f"{mean(lambda r: r['pretrain']['wall_s']):.0f} s"
+            + _copied([r["pretrain"] for r in found]),
             f"{mean(lambda r: ft(r, 'steps')):.0f}",
             _human(mean(lambda r: ft(r, "flops"))),
-            f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"]) + " |")
+            f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"
+            + _copied([s for r in found for s in r["finetune"].values()])]) + " |")
     return "\n".join(lines) + "\n"
 
 
