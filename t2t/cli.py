@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import List, Optional
 
@@ -129,7 +130,9 @@ def cmd_ablate(args) -> int:
         return 0
     if not args.render_only:
         runner.run_grid(grid, args.out_dir, cells, seeds, args.shard)
-    command = f"t2t ablate {args.grid} --scale={args.scale}"
+    command = " ".join([f"t2t ablate {args.grid} --scale={args.scale}"]
+                       + [f"--out_dir={args.out_dir}"] * (args.out_dir != "runs/ablations")
+                       + [shlex.quote(f"--gin={b}") for b in args.gin + args.gin_bindings])
     md, png = report.render(grid, runner.load_results(grid, args.out_dir), args.docs_dir,
                             command)
     print(f"wrote {md} and {png}")

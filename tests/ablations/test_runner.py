@@ -155,7 +155,8 @@ def test_report_puts_our_numbers_beside_the_papers(ran):
     assert rows["Prefix LM"][1] == "1.00P" and rows["Encoder-decoder"][2] == "1.00M"
     assert float(rows["Encoder-decoder"][1].rstrip("P")) > 1.5      # two stacks: ~2P
     assert rows["Encoder-decoder"][-1].strip(" |") == "83.28"
-    assert "t2t ablate" in md and "## Compute" in md
+    assert "## Compute" in md
+    assert f"t2t ablate {grid.source} --scale=tiny --out_dir={out}" in md   # the command ran
 
 
 def test_summaries_and_shards():
