@@ -6,6 +6,8 @@ import shlex
 import sys
 from typing import List, Optional
 
+ABLATION_OUT_DIR = "runs/ablations"   # `t2t ablate --out_dir` default
+
 
 def _model_from_gin(gin_files: List[str], bindings: List[str]):
     from t2t import gin_utils
@@ -131,7 +133,7 @@ def cmd_ablate(args) -> int:
     if not args.render_only:
         runner.run_grid(grid, args.out_dir, cells, seeds, args.shard)
     command = " ".join([f"t2t ablate {args.grid} --scale={args.scale}"]
-                       + [f"--out_dir={args.out_dir}"] * (args.out_dir != "runs/ablations")
+                       + [f"--out_dir={args.out_dir}"] * (args.out_dir != ABLATION_OUT_DIR)
                        + [shlex.quote(f"--gin={b}") for b in args.gin + args.gin_bindings])
     md, png = report.render(grid, runner.load_results(grid, args.out_dir), args.docs_dir,
                             command)
@@ -192,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cells", help="comma-separated regexes of cell keys or labels (default: all)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
     p.add_argument("--shard", help="i/n: run every n-th (cell, seed) from i (parallel hosts)")
-    p.add_argument("--out_dir", default="runs/ablations", help="where cells run and are cached")
+    p.add_argument("--out_dir", default=ABLATION_OUT_DIR, help="where cells run and are cached")
     p.add_argument("--docs_dir", default="docs/ablations", help="where the table and plot go")
     p.add_argument("--gin", action="append", default=[], metavar="BINDING",
                    help="extra binding for the grid file; repeatable")

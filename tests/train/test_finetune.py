@@ -269,7 +269,7 @@ def test_span_qa_fine_tunes_with_a_bilstm_and_scores_squad_f1(squad_task, tmp_pa
     BiLSTM under the span head (BERT Table 5), EM/F1 on the validation split."""
     _parse_squad(tmp_path, "EPOCHS = 0.25", "span_qa_experiment.bilstm_units = 16")
     exp = finetune.finetune_experiment()
-    windows = len(exp.train_features().example_index)
+    windows = len(exp.train_windows().example_index)
     assert windows > 40 and exp.trainer.config.train_steps == -(-windows // 32)
     assert exp.trainer.model.module.bilstm_units == 16
     out = finetune.run()
