@@ -13,7 +13,10 @@ FLOPs: `t2t.train.flops.step_flops` for everyone (model FLOPs of t2t's step: BER
 logits counted at the 20 masked positions), MFU against the measured float32 2048^3
 matmul peak (``--peak``, or measured at start-up). t2t variants (levers):
 ``t2t`` (float32), ``t2t_bf16`` (bfloat16 matmuls, float32 accumulation and params),
-``t2t_fused`` (``use_fused_attention``), ``t2t_bf16_fused``.
+``t2t_fused`` (``use_fused_attention``), ``t2t_bf16_fused``, ``t2t_nodropout``; the peers
+have ``hf_flax_nodropout`` and ``torch_nodropout`` (every dropout rate 0), against which
+``t2t_nodropout`` rows are compared. HF Flax's BERT and GPT-2 draw one attention-dropout mask
+per layer broadcast over batch and heads; t2t and torch draw one per element, as the papers.
 
     python benchmarks/train_step.py [--models bert,t5,gpt] [--impls t2t,t2t_bf16,hf_flax,torch]
                                     [--rounds 3] [--no-write]
@@ -40,16 +43,19 @@ LR, WD = 1e-4, 0.01
 
 
 # ----------------------------------------------------------------------------- configs
-def hf_config(model: str):
+def hf_config(model: str, dropout: bool = True):
+    """The peers' config; `dropout=False` zeroes every dropout rate (T5 has none anyway)."""
     import transformers as tr
-    if model == "bert":
-        return tr.BertConfig()                                       # BERT-base
+    if model == "bert":                                              # BERT-base
+        rate = {} if dropout else dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return tr.BertConfig(**rate)
     if model == "t5":                                                # T5.1.1-base
         return tr.T5Config(vocab_size=32128, d_model=768, d_kv=64, d_ff=2048, num_layers=12,
                            num_heads=12, feed_forward_proj="gated-gelu",
                            tie_word_embeddings=False, dropout_rate=0.0)
-    if model == "gpt":
-        return tr.GPT2Config()                                       # GPT-2 small
+    if model == "gpt":                                               # GPT-2 small
+        rate = {} if dropout else dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return tr.GPT2Config(**rate)
     raise ValueError(model)
 
 
@@ -147,13 +153,13 @@ def _patch_flax_t5_clip():
     mod.jnp = proxy
 
 
-def build_hf_flax(model: str):
+def build_hf_flax(model: str, dropout: bool = True):
     import jax
     import jax.numpy as jnp
     import optax
     import transformers as tr
 
-    config = hf_config(model)
+    config = hf_config(model, dropout)
     batch = {k: jnp.asarray(v) for k, v in make_batch(model).items()}
     if model == "bert":
         net = tr.FlaxBertForPreTraining(config, seed=0)
@@ -206,12 +212,12 @@ def build_hf_flax(model: str):
 
 
 # ----------------------------------------------------------------------------- torch
-def build_torch(model: str):
+def build_torch(model: str, dropout: bool = True):
     import torch
     import transformers as tr
 
     torch.manual_seed(0)
-    config = hf_config(model)
+    config = hf_config(model, dropout)
     b = {k: torch.from_numpy(np.asarray(v)).long() if v.dtype != np.float32
          else torch.from_numpy(v) for k, v in make_batch(model).items()}
     if model == "bert":
@@ -256,7 +262,9 @@ IMPLS = {
     "t2t_bf16_fused": lambda m: build_t2t(m, dtype="bfloat16", use_fused_attention=True)[0],
     "t2t_nodropout": lambda m: build_t2t(m, dropout_rate=0.0, attention_dropout_rate=0.0)[0],
     "hf_flax": build_hf_flax,
+    "hf_flax_nodropout": lambda m: build_hf_flax(m, dropout=False),
     "torch": build_torch,
+    "torch_nodropout": lambda m: build_torch(m, dropout=False),
 }
 TITLES = {"bert": "BERT-base MLM+NSP 8x128 (20 masked)", "t5": "T5.1.1-base 2x(512+114)",
           "gpt": "GPT-2 small 8x128"}
@@ -288,8 +296,11 @@ def main(argv=None) -> None:
         f = step_flops(model)
         ntok = tokens_per_step(model)
         med = {k: _common.median(v) for k, v in times.items()}
-        base = {k: med[k] for k in ("torch", "hf_flax") if k in med}
         for name in impls:
+            # A *_nodropout row is compared with the peers' *_nodropout rows when present.
+            suffix = "_nodropout" if name.endswith("_nodropout") else ""
+            base = {k: med.get(k + suffix, med.get(k)) for k in ("torch", "hf_flax")
+                    if k + suffix in med or k in med}
             t = med[name]
             rows.append([TITLES[model], name, f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}",
                          f"{f / t / 1e9:,.0f}", f"{100 * f / t / peak:.0f}%",

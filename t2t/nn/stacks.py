@@ -46,6 +46,12 @@ class LayerStack(nn.Module):
     def __call__(self, x, encoded=None, self_mask=None, self_bias=None, cross_mask=None,
                  positions=None, decode_index=None, *, deterministic=True, decode=False):
         cfg = self.config
+        if self_bias is not None and not decode and self.num_layers > 1:
+            # One bias shared by every layer (T5's relative positions) is broadcast over the
+            # batch once, here: its gradient then sums the layers' [b, h, q, k] cotangents
+            # and reduces over the batch once, instead of once per layer (XLA:CPU's per-layer
+            # reductions cost 6% of a T5.1.1-base train step).
+            self_bias = jnp.broadcast_to(self_bias, (x.shape[0],) + self_bias.shape[1:])
         args = (encoded, self_mask, self_bias, cross_mask, positions, decode_index)
         if cfg.scan_layers and not cfg.share_layers:
             scanned = nn.scan(_layer_class(cfg, scanned=True),

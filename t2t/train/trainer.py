@@ -113,7 +113,7 @@ class Trainer:
             metrics["loss"] = loss
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            metrics["grad_norm"] = optax.tree.norm(grads)
+            metrics["grad_norm"] = _grad_norm(grads, loss)
             if schedule is not None:
                 metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
             return TrainState(state.step + 1, params, opt_state), metrics
@@ -171,6 +171,17 @@ def _axes(entry) -> tuple:
 
 def _zeros(shapes):
     return {k: jnp.zeros(s.shape, s.dtype) for k, s in shapes.items()}
+
+
+def _grad_norm(grads, loss):
+    """Global L2 norm of the gradients; NaN when the loss is not finite.
+
+    Computed inside a conditional so that XLA keeps it out of the optimizer's fused loops:
+    fused there, XLA:CPU wrote every gradient's square to memory before summing it, which
+    cost 0.35 s of a 8 s T5.1.1-base step; as its own computation it costs ~0.04 s.
+    """
+    return jax.lax.cond(jnp.isfinite(loss), lambda: optax.tree.norm(grads),
+                        lambda: jnp.full((), jnp.nan, jnp.float32))
 
 
 def _reduce_microbatch_metrics(metrics):

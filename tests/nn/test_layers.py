@@ -27,6 +27,37 @@ def test_layernorm_and_rmsnorm_match_formulas():
     assert set(p) == {"scale"}  # T5's norm has no bias
 
 
+@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_norm_backward_matches_autodiff(cls, dtype):
+    """The hand-written VJP of `normalize` equals autodiff of the plain formula."""
+    keys = jax.random.split(jax.random.PRNGKey(1), 4)
+    x = (jax.random.normal(keys[0], (2, 7, 24)) * 2 + 0.5).astype(dtype)
+    cotangent = jax.random.normal(keys[1], (2, 7, 24))
+    eps = 1e-5
+    norm = cls(eps=eps)
+    params = {k: v + 0.1 * jax.random.normal(keys[2], v.shape) for k, v in init(norm, x).items()}
+
+    def reference(params, x):
+        x = x.astype(jnp.float32)
+        if "bias" in params:
+            x = x - jnp.mean(x, -1, keepdims=True)
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * params["scale"]
+        return y + params["bias"] if "bias" in params else y
+
+    def loss(fn):
+        return lambda p, x: jnp.sum(fn(p, x).astype(jnp.float32) * cotangent)
+
+    got = jax.grad(loss(lambda p, x: norm.apply({"params": p}, x)), argnums=(0, 1))(params, x)
+    want = jax.grad(loss(reference), argnums=(0, 1))(params, x)
+    assert got[1].dtype == dtype
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    for name in params:
+        np.testing.assert_allclose(got[0][name], want[0][name], rtol=tol, atol=tol, err_msg=name)
+    np.testing.assert_allclose(np.asarray(got[1], np.float32), np.asarray(want[1], np.float32),
+                               rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("name,acts", sorted(GATED.items()))
 def test_gated_mlp_is_product_of_branches(name, acts):
     cfg = T5_TINY.replace(mlp_activations=acts)

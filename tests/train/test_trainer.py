@@ -11,7 +11,7 @@ import pytest
 
 from t2t.models.families import make_model
 from t2t.train import partitioning
-from t2t.train.trainer import NonFiniteLossError, TrainConfig, Trainer, fit
+from t2t.train.trainer import NonFiniteLossError, TrainConfig, Trainer, _grad_norm, fit
 
 from tests.nn.helpers import T5_TINY
 from tests.train.fakes import RandomCopyData
@@ -88,6 +88,23 @@ class _PoisonData(RandomCopyData):
         batch = super().__next__()
         batch["poison"] = np.full((self.batch_size,), int(self.index >= self.at), np.int32)
         return batch
+
+
+def test_grad_norm_metric_is_the_global_gradient_norm(tmp_path):
+    model = make_model("t5", CFG)                   # no dropout: the step's rng is moot
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1))
+    trainer = Trainer(model, optax.adam(1e-2), mesh,
+                      TrainConfig(model_dir=str(tmp_path), progress_bar=False))
+    batch = next(RandomCopyData())
+    state = trainer.init_state(batch)
+    grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(state.params)
+    want = float(optax.tree.norm(grads))
+    _, metrics = trainer.train_step(state, batch)
+    assert want > 0
+    np.testing.assert_allclose(float(metrics["grad_norm"]), want, rtol=1e-5)
+    # Reported as NaN for a non-finite loss (fit stops on that loss anyway).
+    assert np.isnan(float(_grad_norm(grads, jnp.float32(jnp.inf))))
+    assert float(_grad_norm(grads, jnp.float32(1.0))) == pytest.approx(want, rel=1e-6)
 
 
 def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
