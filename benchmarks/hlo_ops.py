@@ -73,7 +73,7 @@ def main() -> None:
     for model in args.models.split(","):
         for impl in args.impls.split(","):
             c = op_counts(compiled_hlo(model, impl))
-            rows.append([f"{train_step.TITLES.get(model, model)}", impl, c["top/dot"],
+            rows.append([train_step.title(model), impl, c["top/dot"],
                          c["fused/dot"], c["top/fusion"], c["top/transpose"], f"{c['top/transpose_mb']:.0f}",
                          c["top/copy"], f"{c['top/copy_mb']:.0f}", c["fused/transpose"],
                          c["fused/copy"]])

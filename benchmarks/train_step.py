@@ -20,6 +20,9 @@ per layer broadcast over batch and heads; t2t and torch draw one per element, as
 
     python benchmarks/train_step.py [--models bert,t5,gpt] [--impls t2t,t2t_bf16,hf_flax,torch]
                                     [--rounds 3] [--no-write]
+    # on a GPU (the issue's accelerator run): large models, bf16, MFU vs the bf16 peak
+    python benchmarks/train_step.py --models bert,t5 --size large --batch 32 \
+        --impls t2t_bf16 --peak-dtype bfloat16
 """
 from __future__ import annotations
 
@@ -40,22 +43,28 @@ BATCH = {"bert": dict(batch=8, length=128, masked=20),
          "t5": dict(batch=2, inputs=512, targets=114),
          "gpt": dict(batch=8, length=128)}
 LR, WD = 1e-4, 0.01
+SIZE = "base"   # "large" (--size): BERT-large, T5.1.1-large, GPT-2 large, e.g. on a GPU
+LARGE = {"bert": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                      intermediate_size=4096),
+         "t5": dict(d_model=1024, d_ff=2816, num_layers=24, num_heads=16),
+         "gpt": dict(n_embd=1280, n_layer=36, n_head=20)}
 
 
 # ----------------------------------------------------------------------------- configs
 def hf_config(model: str, dropout: bool = True):
     """The peers' config; `dropout=False` zeroes every dropout rate (T5 has none anyway)."""
     import transformers as tr
+    size = LARGE[model] if SIZE == "large" else {}
     if model == "bert":                                              # BERT-base
         rate = {} if dropout else dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        return tr.BertConfig(**rate)
+        return tr.BertConfig(**rate, **size)
     if model == "t5":                                                # T5.1.1-base
-        return tr.T5Config(vocab_size=32128, d_model=768, d_kv=64, d_ff=2048, num_layers=12,
-                           num_heads=12, feed_forward_proj="gated-gelu",
-                           tie_word_embeddings=False, dropout_rate=0.0)
+        base = dict(d_model=768, d_ff=2048, num_layers=12, num_heads=12)
+        return tr.T5Config(vocab_size=32128, d_kv=64, feed_forward_proj="gated-gelu",
+                           tie_word_embeddings=False, dropout_rate=0.0, **{**base, **size})
     if model == "gpt":                                               # GPT-2 small
         rate = {} if dropout else dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        return tr.GPT2Config(**rate)
+        return tr.GPT2Config(**rate, **size)
     raise ValueError(model)
 
 
@@ -266,8 +275,17 @@ IMPLS = {
     "torch": build_torch,
     "torch_nodropout": lambda m: build_torch(m, dropout=False),
 }
-TITLES = {"bert": "BERT-base MLM+NSP 8x128 (20 masked)", "t5": "T5.1.1-base 2x(512+114)",
-          "gpt": "GPT-2 small 8x128"}
+
+
+def title(model: str) -> str:
+    """e.g. 'BERT-base MLM+NSP 8x128 (20 masked)' for the current SIZE and BATCH."""
+    g, large = BATCH[model], SIZE == "large"
+    if model == "bert":
+        return (f"BERT-{'large' if large else 'base'} MLM+NSP {g['batch']}x{g['length']} "
+                f"({g['masked']} masked)")
+    if model == "t5":
+        return f"T5.1.1-{'large' if large else 'base'} {g['batch']}x({g['inputs']}+{g['targets']})"
+    return f"GPT-2 {'large' if large else 'small'} {g['batch']}x{g['length']}"
 
 
 def main(argv=None) -> None:
@@ -275,17 +293,31 @@ def main(argv=None) -> None:
     p.add_argument("--models", default="bert,t5,gpt")
     p.add_argument("--impls", default="t2t,t2t_bf16,hf_flax,torch")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--peak", type=float, default=None, help="float32 GFLOP/s (else measured)")
+    p.add_argument("--peak", type=float, default=None, help="GFLOP/s (else measured)")
+    p.add_argument("--peak-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="matmul inputs of the measured peak MFU is against (bf16 on GPU/TPU)")
+    p.add_argument("--size", default="base", choices=["base", "large"])
+    p.add_argument("--batch", type=int, default=None, help="rows per step (default: CPU's)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
+    global SIZE
+    SIZE = args.size
+    if args.batch:
+        for g in BATCH.values():
+            g["batch"] = args.batch
 
     import jax
-    import torch
     from t2t.train import flops
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    peak = args.peak * 1e9 if args.peak else flops.measure_peak_flops("float32")
-    print(f"float32 peak {peak / 1e9:.0f} GFLOP/s; load {_common.loadavg()}", flush=True)
+    if any(name.startswith("torch") for name in args.impls.split(",")):
+        import torch
+        torch.set_num_threads(os.cpu_count() or 1)
+    on_cpu = jax.devices()[0].platform == "cpu"
+    peak_size = 2048 if on_cpu else 8192          # a 2048^3 product is too small for a GPU
+    peak = (args.peak * 1e9 if args.peak
+            else flops.measure_peak_flops(args.peak_dtype, size=peak_size))
+    print(f"{args.peak_dtype} peak {peak / 1e9:.0f} GFLOP/s on {jax.devices()[0].device_kind}; "
+          f"load {_common.loadavg()}", flush=True)
     impls = args.impls.split(",")
     rows, loads = [], [_common.loadavg()]
     for model in args.models.split(","):
@@ -302,7 +334,7 @@ def main(argv=None) -> None:
             base = {k: med.get(k + suffix, med.get(k)) for k in ("torch", "hf_flax")
                     if k + suffix in med or k in med}
             t = med[name]
-            rows.append([TITLES[model], name, f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}",
+            rows.append([title(model), name, f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}",
                          f"{f / t / 1e9:,.0f}", f"{100 * f / t / peak:.0f}%",
                          *(f"{base[k] / t:.2f}x" if k in base else "-"
                            for k in ("torch", "hf_flax"))])
@@ -314,10 +346,13 @@ def main(argv=None) -> None:
     print(table)
     if not args.no_write:
         body = (_common.machine_line("jax", "jaxlib", "flax", "optax", "torch", "transformers")
+                + f" Device: {jax.devices()[0].device_kind}."
                 + f"\nCommand: `python benchmarks/train_step.py --models {args.models} "
-                f"--impls {args.impls} --rounds {args.rounds}`. Median of {args.rounds} "
+                f"--impls {args.impls} --rounds {args.rounds} --size {args.size}"
+                + (f" --batch {args.batch}" if args.batch else "")
+                + f"`. Median of {args.rounds} "
                 f"interleaved steps after 1 warm-up; float32 params, AdamW; MFU vs measured "
-                f"float32 2048^3 matmul peak {peak / 1e9:.0f} GFLOP/s; model FLOPs from "
+                f"{args.peak_dtype} {peak_size}^3 matmul peak {peak / 1e9:.0f} GFLOP/s; model FLOPs from "
                 f"`t2t.train.flops.step_flops` (BERT: MLM logits at the 20 masked positions). "
                 f"Load average (1/5/15 min) during the run: {' -> '.join(loads)}.\n\n" + table)
         _common.append_results("Train step: t2t vs HF Flax vs PyTorch", body)
