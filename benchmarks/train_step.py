@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shlex
 import sys
 import tempfile
 import types
@@ -347,12 +348,13 @@ def main(argv=None) -> None:
     if not args.no_write:
         body = (_common.machine_line("jax", "jaxlib", "flax", "optax", "torch", "transformers")
                 + f" Device: {jax.devices()[0].device_kind}."
-                + f"\nCommand: `python benchmarks/train_step.py --models {args.models} "
-                f"--impls {args.impls} --rounds {args.rounds} --size {args.size}"
-                + (f" --batch {args.batch}" if args.batch else "")
+                + "\nCommand: `python benchmarks/train_step.py "
+                + shlex.join(sys.argv[1:] if argv is None else argv)
                 + f"`. Median of {args.rounds} "
-                f"interleaved steps after 1 warm-up; float32 params, AdamW; MFU vs measured "
-                f"{args.peak_dtype} {peak_size}^3 matmul peak {peak / 1e9:.0f} GFLOP/s; model FLOPs from "
+                f"interleaved steps after 1 warm-up; float32 params, AdamW; MFU vs "
+                + (f"a given peak ({args.peak_dtype}) " if args.peak else
+                   f"measured {args.peak_dtype} {peak_size}^3 matmul peak ")
+                + f"{peak / 1e9:.0f} GFLOP/s; model FLOPs from "
                 f"`t2t.train.flops.step_flops` (BERT: MLM logits at the 20 masked positions). "
                 f"Load average (1/5/15 min) during the run: {' -> '.join(loads)}.\n\n" + table)
         _common.append_results("Train step: t2t vs HF Flax vs PyTorch", body)
