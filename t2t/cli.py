@@ -2,17 +2,34 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import shlex
 import sys
+import tempfile
+import traceback
 from typing import List, Optional
 
+from t2t.errors import EXIT_PREEMPTED, EXIT_USAGE, UserError
+
 ABLATION_OUT_DIR = "runs/ablations"   # `t2t ablate --out_dir` default
+ERROR_LOG = os.path.join(tempfile.gettempdir(), "t2t-error.log")   # the last error's traceback
+
+
+def _parse_gin(args) -> None:
+    """Parse the command's gin files and bindings; a command-line macro the config does not
+    use, or a required macro left unset, is one ConfigError before anything compiles."""
+    from t2t import gin_utils
+    bindings = args.gin + args.gin_bindings
+    gin_utils.parse(args.gin_file, bindings)
+    gin_utils.check_bindings(bindings)
 
 
 def _model_from_gin(gin_files: List[str], bindings: List[str]):
     from t2t import gin_utils
     from t2t.nn.config import TransformerConfig
     gin_utils.parse(gin_files, bindings)
+    gin_utils.check_bindings(bindings)
     family = gin_utils.query_macro("MODEL_FAMILY")
     if family is None:
         raise SystemExit(f"{gin_files}: no MODEL_FAMILY macro; include a configs/models/* file")
@@ -60,18 +77,16 @@ def _gin_args(argv: List[str]):
 
 def cmd_train(args) -> int:
     """`t2t train --gin_file=... [--gin.MACRO=value ...]`: the gin-wired training run."""
-    from t2t import gin_utils
     from t2t.train import distributed, experiment
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    gin_utils.parse(args.gin_file, args.gin + args.gin_bindings)
-    experiment.run()
-    return 0
+    _parse_gin(args)
+    result = experiment.run()
+    return EXIT_PREEMPTED if result.stopped_by == "preempted" else 0
 
 
 def _parse_finetune_gin(args) -> None:
-    from t2t import gin_utils
     from t2t.train import finetune  # noqa: F401  registers its configurables
-    gin_utils.parse(args.gin_file, args.gin + args.gin_bindings)
+    _parse_gin(args)
 
 
 def cmd_finetune(args) -> int:
@@ -79,8 +94,8 @@ def cmd_finetune(args) -> int:
     from t2t.train import distributed, finetune
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     _parse_finetune_gin(args)
-    finetune.run(args.split or None)
-    return 0
+    out = finetune.run(args.split or None)
+    return EXIT_PREEMPTED if out["result"].stopped_by == "preempted" else 0
 
 
 def cmd_eval(args) -> int:
@@ -97,11 +112,7 @@ def cmd_infer(args) -> int:
     input line (stdin by default)."""
     from t2t.train import finetune
     _parse_finetune_gin(args)
-    if args.input in (None, "-"):
-        lines = [line.rstrip("\n") for line in sys.stdin]
-    else:
-        with open(args.input) as f:
-            lines = [line.rstrip("\n") for line in f]
+    lines = read_input_lines(args.input)
     exp, params = finetune.restore_experiment()
     options = {"beam": {"beam_size": args.beam_size, "alpha": args.alpha},
                "greedy": {}}[args.strategy]
@@ -117,6 +128,31 @@ def cmd_infer(args) -> int:
     if out is not sys.stdout:
         out.close()
     return 0
+
+
+def read_input_lines(path: Optional[str]) -> List[str]:
+    """The lines of `path` (stdin for None or "-") as UTF-8 text; a file that is not UTF-8
+    or has no line is an InputFileError naming the file and the line."""
+    from t2t.errors import InputFileError
+    name = "standard input" if path in (None, "-") else path
+    if path in (None, "-"):
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise InputFileError(f"cannot read --input {path}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise InputFileError(f"{name}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8; "
+                             "convert the file, e.g. iconv -f latin1 -t utf-8") from None
+    lines = text.splitlines()
+    if not lines:
+        raise InputFileError(f"{name} is empty: give one input per line")
+    return lines
 
 
 def cmd_ablate(args) -> int:
@@ -142,7 +178,10 @@ def cmd_ablate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="t2t", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="t2t", description=__doc__,
+        epilog="--verbose (anywhere): tracebacks and debug logs. Exit codes: 0 done, 2 bad "
+               "input, 75 preempted (SIGTERM or Ctrl-C; saved, rerun to resume), 130 aborted.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_gin(p):
@@ -205,15 +244,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(verbose: bool = False) -> None:
+    """t2t's progress lines ("compiling the train step", "resumed from step N") to stderr as
+    plain lines; library chatter at WARNING (DEBUG everything with --verbose); orbax's
+    "Metadata file does not exist" warning on every restore, which is expected, silenced."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    t2t_log = logging.getLogger("t2t")
+    t2t_log.handlers[:] = [handler]
+    t2t_log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    t2t_log.propagate = False
+    logging.getLogger("absl").addFilter(
+        lambda record: "Metadata file does not exist" not in record.getMessage())
+
+
+def _report_error(command: str, error: BaseException, summary: str) -> None:
+    """One line on stderr; the traceback (and the error's details) into ERROR_LOG."""
+    try:
+        with open(ERROR_LOG, "w", encoding="utf-8") as f:
+            f.write(f"t2t {command}\n")
+            traceback.print_exception(error, file=f)
+        where = f" (details: {ERROR_LOG}, or rerun with --verbose)"
+    except OSError:
+        where = " (rerun with --verbose for the traceback)"
+    print(f"t2t {command}: error: {summary}{where}", file=sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """Exit codes: 0 done, 2 bad input (one line on stderr), 75 stopped by SIGTERM/Ctrl-C after
+    saving a checkpoint (run the same command again to resume), 130 aborted by a second
+    Ctrl-C."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    configure_logging(verbose)
     if argv[:1] == ["data"]:  # its own argparse, --help included
         from t2t.data import builders
         return builders.main(argv[1:])
     bindings, rest = _gin_args(argv)
     args = build_parser().parse_args(rest)
     args.gin_bindings = bindings
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if verbose:
+            raise
+        print(f"t2t {args.command}: aborted", file=sys.stderr)
+        return 130
+    except (UserError, FileNotFoundError) as e:
+        if verbose:
+            raise
+        _report_error(args.command, e, getattr(e, "summary", None) or str(e).splitlines()[0])
+        return EXIT_USAGE
+    except ValueError as e:   # gin's parse errors: a misspelt name, with file, line and hint
+        if verbose or not _is_gin_error(e):
+            raise
+        _report_error(args.command, e, " ".join(str(e).split()))
+        return EXIT_USAGE
+
+
+def _is_gin_error(error: ValueError) -> bool:
+    """gin raises plain ValueErrors for unknown configurables/parameters and bad syntax."""
+    text = str(error)
+    return any(s in text for s in ("No configurable matching", "doesn't have a parameter",
+                                   "In file", "Unknown reference", "Could not parse"))
 
 
 if __name__ == "__main__":

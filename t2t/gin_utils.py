@@ -12,6 +12,8 @@ from typing import List, Optional, Sequence
 
 import gin
 
+from t2t.errors import ConfigError
+
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -89,6 +91,51 @@ def _suggest(message: str) -> Optional[str]:
         valid = f"Valid parameters: {', '.join(params)}."
         return (f"Did you mean: {', '.join(close)}? " if close else "") + valid
     return None
+
+
+_MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
+_MACRO_REFERENCE = re.compile(r"%([A-Za-z_][\w.]*)")
+# Macros the code reads itself (gin_utils.query_macro) rather than through a binding.
+CODE_MACROS = ("MODEL_FAMILY",)
+# What a required macro is for, said when it is missing.
+_REQUIRED_HINTS = {
+    "MODEL_DIR": "the run's directory for checkpoints, metrics and config.gin, e.g. "
+                 "--gin.MODEL_DIR=runs/my_run",
+    "INITIAL_CHECKPOINT": "the pretrained model to start from: a t2t MODEL_DIR or a Hugging "
+                          "Face directory, e.g. --gin.INITIAL_CHECKPOINT=runs/t5_tiny",
+}
+
+
+def _macros(config_str: str) -> tuple[dict, set]:
+    """({macro: its value's text}, {names referenced with %}) of a gin config string."""
+    defined, referenced = {}, set(_MACRO_REFERENCE.findall(config_str))
+    for line in config_str.splitlines():
+        m = _MACRO_BINDING.match(line)
+        if m:
+            defined[m.group(1)] = line.split("=", 1)[1].strip()
+    return defined, referenced
+
+
+def check_bindings(bindings: Sequence[str]) -> None:
+    """After `parse`: every macro set in `bindings` (the command line) is used by the parsed
+    config, and every required macro it references is bound; else one ConfigError naming the
+    nearest valid macro names or what to add."""
+    defined, referenced = _macros(gin.config_str())
+    known = sorted(referenced | set(CODE_MACROS))
+    for binding in bindings:
+        m = _MACRO_BINDING.match(binding)
+        if not m or m.group(1) in known:
+            continue
+        name = m.group(1)
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = (f"did you mean {', '.join(close)}?" if close
+                else f"this config's macros are {', '.join(known)}")
+        raise ConfigError(f"--gin.{name} is not used by this config (a typo would be "
+                          f"silently ignored): {hint}")
+    for name, value in sorted(defined.items()):
+        if value == "%gin.REQUIRED" and name in referenced:
+            what = _REQUIRED_HINTS.get(name, f"bind it with --gin.{name}=VALUE")
+            raise ConfigError(f"{name} is required and not set: {what}")
 
 
 def macro_binding(name: str, value: str) -> str:

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from t2t.errors import CheckpointMismatchError
+
 PyTree = Any
 STATE, DATA, CONFIG = "state", "data", "config"
-
-
 
 
 def _path(path) -> str:
@@ -45,16 +45,23 @@ def _as_abstract(target: PyTree) -> PyTree:
 
 
 def _hint(path: str, stored: tuple, wanted: tuple) -> str:
-    if len(stored) == len(wanted) and any(w in path.lower() for w in ("embed", "logits", "vocab")):
-        return " — vocab size differs?"
     if len(stored) != len(wanted):
         return " — different rank (scanned vs unrolled layers?)"
+    differ = [i for i, (s, w) in enumerate(zip(stored, wanted)) if s != w]
+    name = path.lower()
+    if len(stored) == 2 and "embed" in name:        # [vocab, d_model]
+        return " — vocab size differs?" if differ == [0] else " — d_model differs?"
+    if len(stored) == 2 and "logits" in name:       # [d_model, vocab]
+        return " — vocab size differs?" if differ == [1] else " — d_model differs?"
     return ""
 
 
-def check_compatible(stored: PyTree, target: PyTree, *, check_dtypes: bool = True) -> None:
-    """Raises ValueError listing every path whose shape/dtype differs, or that only one side
-    has. ``stored`` is orbax metadata (leaves with .shape/.dtype), ``target`` abstract."""
+def check_compatible(stored: PyTree, target: PyTree, *, check_dtypes: bool = True,
+                     where: str = "checkpoint") -> None:
+    """Raises CheckpointMismatchError if any path's shape/dtype differs or only one side has
+    it: a one-line summary (how many differ, the first few, "different family" when the trees
+    share no parameter) plus every problem in its details. ``stored`` is orbax metadata
+    (leaves with .shape/.dtype), ``target`` abstract; ``where`` names the checkpoint."""
     def flat(tree):
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
         return {_path(p): x for p, x in leaves}
@@ -78,7 +85,20 @@ def check_compatible(stored: PyTree, target: PyTree, *, check_dtypes: bool = Tru
             problems.append(f"{path}: checkpoint dtype {np.dtype(have[path].dtype)} vs model "
                             f"{np.dtype(want[path].dtype)}")
     if problems:
-        raise ValueError("checkpoint does not match the model:\n  " + "\n  ".join(problems))
+        raise CheckpointMismatchError(_mismatch_summary(where, problems, have, want),
+                                      "checkpoint does not match the model:\n  "
+                                      + "\n  ".join(problems))
+
+
+def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str:
+    """One line: how many parameters differ, the first three, and the likely cause."""
+    shared = set(have) & set(want)
+    first = "; ".join(p.split(" — ")[0] for p in problems[:3])
+    cause = ("different family or model: the checkpoint and the model share no parameter "
+             "name" if not shared else "different model size or config?")
+    return (f"{where} does not fit the model: {len(problems)} of {len(set(have) | set(want))} "
+            f"parameters differ ({cause}); first: {first}. Check --gin_file and the model "
+            "bindings, or start in a new MODEL_DIR")
 
 
 class Checkpointer:
@@ -130,7 +150,8 @@ class Checkpointer:
         metadata = self._manager.item_metadata(step)
         stored = metadata[STATE]
         check_compatible(getattr(stored, "tree", stored), target,
-                         check_dtypes=not allow_dtype_cast)
+                         check_dtypes=not allow_dtype_cast,
+                         where=f"checkpoint {self.directory} (step {step})")
         items = {STATE: ocp.args.StandardRestore(target)}
         has_data = DATA in metadata.keys()  # the JSON item's metadata itself is None
         if has_data:

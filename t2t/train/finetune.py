@@ -85,10 +85,7 @@ def restore_params(path: str, target: Optional[Params] = None,
         target = jax.tree.map(lambda m: np.zeros((), m.dtype), stored)
         restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     else:
-        try:
-            check_compatible(stored, target)
-        except ValueError as e:
-            raise ValueError(f"initial checkpoint {path!r} (step {step}): {e}") from None
+        check_compatible(stored, target, where=f"checkpoint {path} (step {step})")
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
         item={"params": target}, restore_args={"params": restore_args}, partial_restore=True))

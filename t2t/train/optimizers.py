@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from t2t.errors import ConfigError
+
 Schedule = Callable[[jax.Array], jax.Array]
 LearningRate = Union[float, Schedule]
 PyTree = Any
@@ -34,9 +36,7 @@ def linear_warmup_linear_decay(peak: float, warmup_steps: int, total_steps: int,
                                end: float = 0.0) -> Schedule:
     """0 → ``peak`` linearly over ``warmup_steps``, then linearly to ``end`` at ``total_steps``
     (BERT)."""
-    if not 0 <= warmup_steps <= total_steps:
-        raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
-                         f"({total_steps})")
+    _check_warmup("linear_warmup_linear_decay", warmup_steps, total_steps)
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, warmup_steps),
          optax.linear_schedule(peak, end, total_steps - warmup_steps)], [warmup_steps])
@@ -58,7 +58,16 @@ def rsqrt(base_learning_rate: float = 1.0, warmup_steps: int = 10_000) -> Schedu
 
 def cosine(peak: float, warmup_steps: int, total_steps: int, end: float = 0.0) -> Schedule:
     """Linear warmup 0 → ``peak``, then cosine to ``end`` at ``total_steps`` (incl. warmup)."""
+    _check_warmup("cosine", warmup_steps, total_steps)
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup_steps, total_steps, end)
+
+
+def _check_warmup(name: str, warmup_steps: int, total_steps: int) -> None:
+    """A warm-up longer than the run is a config error (optax fails cryptically on it)."""
+    if not 0 <= warmup_steps <= total_steps:
+        raise ConfigError(f"the {name} schedule needs 0 <= warmup_steps ({warmup_steps}) <= "
+                          f"total_steps ({total_steps}): raise --gin.TRAIN_STEPS or lower "
+                          "--gin.WARMUP_STEPS (make_schedule.warmup_steps)")
 
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
