@@ -1,5 +1,8 @@
 """Import and export Hugging Face BERT, T5 and GPT-2 checkpoints (safetensors only).
 
+`load_pretrained(directory)` / `save_pretrained(model, directory)` serve every family
+(RoBERTa, ALBERT, ELECTRA and DistilBERT rules live in `hf_encoders.py`).
+
 Each family is one table of rules `HF tensor name <-> t2t param path(s)` built from the
 config, so one table drives both directions. Trees are plain nested dicts of numpy arrays:
 
@@ -266,9 +269,36 @@ def _layer_norm(hf: str, path: str, d: int, bias: bool = True) -> List[_Rule]:
     return rules
 
 
+def _bert_layer_rules(hf: str, t: str, c: TransformerConfig,
+                      names: Optional[Mapping[str, str]] = None) -> List[_Rule]:
+    """One post-LN layer: HF `hf` (BERT's submodule names, or `names` overriding them:
+    ALBERT's, DistilBERT's) <-> t2t `t`."""
+    d, h, k, f = c.d_model, c.num_heads, c.head_dim, c.d_ff
+    n = {"query": "attention.self.query", "key": "attention.self.key",
+         "value": "attention.self.value", "out": "attention.output.dense",
+         "attention_norm": "attention.output.LayerNorm", "wi": "intermediate.dense",
+         "wo": "output.dense", "mlp_norm": "output.LayerNorm", **(names or {})}
+    rules = []
+    for name in ("query", "key", "value"):
+        rules += [_linear(f"{hf}.{n[name]}.weight", f"{t}/self_attention/{name}/kernel",
+                          (d, h, k)),
+                  _reshape(f"{hf}.{n[name]}.bias", f"{t}/self_attention/{name}/bias",
+                           (h * k,), (h, k))]
+    return rules + [
+        _linear(f"{hf}.{n['out']}.weight", f"{t}/self_attention/out/kernel", (h, k, d), n_in=2),
+        _copy(f"{hf}.{n['out']}.bias", f"{t}/self_attention/out/bias", (d,)),
+        *_layer_norm(f"{hf}.{n['attention_norm']}", f"{t}/self_attention_norm", d),
+        _linear(f"{hf}.{n['wi']}.weight", f"{t}/mlp/wi/kernel", (d, f)),
+        _copy(f"{hf}.{n['wi']}.bias", f"{t}/mlp/wi/bias", (f,)),
+        _linear(f"{hf}.{n['wo']}.weight", f"{t}/mlp/wo/kernel", (f, d)),
+        _copy(f"{hf}.{n['wo']}.bias", f"{t}/mlp/wo/bias", (d,)),
+        *_layer_norm(f"{hf}.{n['mlp_norm']}", f"{t}/mlp_norm", d),
+    ]
+
+
 def _bert_rules(c: TransformerConfig, root: str, pooler: bool, mlm: bool,
                 nsp: bool) -> List[_Rule]:
-    d, h, k, f = c.d_model, c.num_heads, c.head_dim, c.d_ff
+    d = c.d_model
     e = f"{root}embeddings"
     rules = [
         _copy(f"{e}.word_embeddings.weight", "token_embedder/embedding", (c.vocab_size, d)),
@@ -279,23 +309,7 @@ def _bert_rules(c: TransformerConfig, root: str, pooler: bool, mlm: bool,
         *_layer_norm(f"{e}.LayerNorm", "encoder/embedder/embedding_norm", d),
     ]
     for i in range(c.num_encoder_layers):
-        hf, t = f"{root}encoder.layer.{i}", f"encoder/layers/layer_{i}"
-        for name in ("query", "key", "value"):
-            rules += [_linear(f"{hf}.attention.self.{name}.weight",
-                              f"{t}/self_attention/{name}/kernel", (d, h, k)),
-                      _reshape(f"{hf}.attention.self.{name}.bias",
-                               f"{t}/self_attention/{name}/bias", (h * k,), (h, k))]
-        rules += [
-            _linear(f"{hf}.attention.output.dense.weight", f"{t}/self_attention/out/kernel",
-                    (h, k, d), n_in=2),
-            _copy(f"{hf}.attention.output.dense.bias", f"{t}/self_attention/out/bias", (d,)),
-            *_layer_norm(f"{hf}.attention.output.LayerNorm", f"{t}/self_attention_norm", d),
-            _linear(f"{hf}.intermediate.dense.weight", f"{t}/mlp/wi/kernel", (d, f)),
-            _copy(f"{hf}.intermediate.dense.bias", f"{t}/mlp/wi/bias", (f,)),
-            _linear(f"{hf}.output.dense.weight", f"{t}/mlp/wo/kernel", (f, d)),
-            _copy(f"{hf}.output.dense.bias", f"{t}/mlp/wo/bias", (d,)),
-            *_layer_norm(f"{hf}.output.LayerNorm", f"{t}/mlp_norm", d),
-        ]
+        rules += _bert_layer_rules(f"{root}encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
     if pooler:
         rules += [_linear(f"{root}pooler.dense.weight", "pooler/dense/kernel", (d, d)),
                   _copy(f"{root}pooler.dense.bias", "pooler/dense/bias", (d,))]
@@ -644,3 +658,17 @@ def save_t5(config: TransformerConfig, params: Params, path) -> None:
 def save_gpt2(config: TransformerConfig, params: Params, path) -> None:
     """Write a GPT2LMHeadModel directory."""
     _save(path, gpt2_hf_config(config), gpt2_params_to_hf(config, params))
+
+
+# ----------------------------------------------------------------------- any model_type
+def load_pretrained(path, **overrides):
+    """Any supported HF directory (BERT, RoBERTa, ALBERT, ELECTRA, DistilBERT, GPT-2, T5) ->
+    `t2t.convert.pretrained.PretrainedModel`, chosen by config.json's `model_type`."""
+    from t2t.convert.pretrained import load_pretrained as load
+    return load(path, **overrides)
+
+
+def save_pretrained(model, path) -> None:
+    """A `PretrainedModel` -> a directory `transformers` loads (`AutoModel*.from_pretrained`)."""
+    from t2t.convert.pretrained import save_pretrained as save
+    save(model, path)

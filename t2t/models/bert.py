@@ -18,15 +18,21 @@ from t2t.train import losses
 
 class BertModel(nn.Module):
     """Params: `token_embedder` (shared with the MLM output), `encoder` (other embeddings
-    + layers), `pooler`, `mlm_head`, `nsp_head`."""
+    + layers), `pooler`, `mlm_head`, `nsp_head`.
+
+    RoBERTa, ALBERT, DistilBERT and ELECTRA's generator are this module with other configs;
+    `mlm_activation` is their MLM head's activation (HF: BERT/ALBERT/DistilBERT use the
+    config's hidden_act, RoBERTa and the ELECTRA generator exact gelu).
+    """
 
     config: TransformerConfig
+    mlm_activation: str = "gelu"
 
     def setup(self):
         self.token_embedder = token_embed(self.config, "token_embedder")
         self.encoder = Encoder(self.config, self.token_embedder, name="encoder")
         self.pooler = Pooler(self.config, name="pooler")
-        self.mlm_head = MlmHead(self.config, name="mlm_head")
+        self.mlm_head = MlmHead(self.config, self.mlm_activation, name="mlm_head")
         self.nsp_head = Classifier(self.config, 2, name="nsp_head")
 
     def encode(self, input_tokens, segment_ids=None, token_type_ids=None, positions=None, *,
@@ -53,6 +59,14 @@ class BertModel(nn.Module):
             "mlm_logits": self.mlm_head(at, self.token_embedder),
             "nsp_logits": self.nsp_head(pooled, deterministic=deterministic),
         }
+
+
+    def mlm_logits(self, input_tokens, segment_ids=None, token_type_ids=None, positions=None,
+                   *, deterministic: bool = True) -> jax.Array:
+        """MLM logits at every position [batch, length, vocab] (no pooler, no NSP head)."""
+        hidden = self.encode(input_tokens, segment_ids, token_type_ids, positions,
+                             deterministic=deterministic)
+        return self.mlm_head(hidden, self.token_embedder)
 
 
 def hidden_states(config: TransformerConfig, params, input_ids, attention_mask=None,

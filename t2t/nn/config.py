@@ -48,6 +48,9 @@ class TransformerConfig:
 
     type_vocab_size: int = 0          # BERT sentence A/B embeddings (2); 0 = none
     embedding_dim: Optional[int] = None  # ALBERT factorized embedding size E (< d_model)
+    project_summed_embeddings: bool = False  # ALBERT/ELECTRA: token + position + type tables
+    #   all of width E, summed and normed there, then projected to d_model by the stack's
+    #   `embedding_projection`; False projects the token embeddings alone, before the sum
     embedding_norm: bool = False      # LayerNorm right after the embeddings (BERT)
     scale_embeddings: bool = False    # multiply token embeddings by sqrt(d_model) (Vaswani)
 

@@ -49,6 +49,9 @@ class Embedder(nn.Module):
     """tokens (+ absolute positions) (+ token types) -> [batch, length, d_model].
 
     `token_embedder` may be passed in to share one table between stacks (T5).
+    With `config.project_summed_embeddings` every table has width E and the output stays
+    [batch, length, E]: the stack projects it (`project_embeddings`), so two stacks of
+    different widths can share one Embedder (ELECTRA's generator and discriminator).
     """
 
     config: TransformerConfig
@@ -57,29 +60,48 @@ class Embedder(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 token_type_ids: Optional[jax.Array] = None) -> jax.Array:
+                 token_type_ids: Optional[jax.Array] = None,
+                 deterministic: Optional[bool] = None) -> jax.Array:
         cfg = self.config
+        if deterministic is None:
+            deterministic = self.deterministic
         table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
         x = table(tokens)                                          # [b, l, E]
         if cfg.scale_embeddings:
             x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
-        if cfg.embedding_dim is not None and cfg.embedding_dim != cfg.d_model:
+        width = cfg.d_model
+        if cfg.project_summed_embeddings:
+            width = cfg.embedding_dim or cfg.d_model
+        elif cfg.embedding_dim is not None and cfg.embedding_dim != cfg.d_model:
             x = Dense(cfg.d_model, (None, "embed"), use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
                       param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
                       name="embedding_projection")(x)
         if cfg.position_embedding == "learned":
-            x = x + Embed(cfg.max_length, cfg.d_model, axes=("length", "embed"),
+            x = x + Embed(cfg.max_length, width, axes=("length", "embed"),
                           dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                           embedding_init=embedding_init(cfg), name="position_embedder")(positions)
         elif cfg.position_embedding == "sinusoidal":
-            x = x + sinusoidal(positions, cfg.d_model).astype(x.dtype)
+            x = x + sinusoidal(positions, width).astype(x.dtype)
         if cfg.type_vocab_size:
             if token_type_ids is None:
                 token_type_ids = jnp.zeros_like(tokens)
-            x = x + Embed(cfg.type_vocab_size, cfg.d_model, axes=(None, "embed"),
+            x = x + Embed(cfg.type_vocab_size, width, axes=(None, "embed"),
                           dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                           embedding_init=embedding_init(cfg), name="type_embedder")(token_type_ids)
         if cfg.embedding_norm:
             x = make_norm(cfg, "embedding_norm")(x)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+def project_embeddings(cfg: TransformerConfig, x: jax.Array) -> jax.Array:
+    """[batch, length, E] -> [batch, length, d_model] by `embedding_projection` when the
+    config sums its embeddings in width E (ALBERT, ELECTRA); else x unchanged.
+
+    Call from inside a compact module (it creates params in the caller's scope).
+    """
+    if not cfg.project_summed_embeddings or x.shape[-1] == cfg.d_model:
+        return x
+    return Dense(cfg.d_model, (None, "embed"), use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
+                 param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
+                 name="embedding_projection")(x)

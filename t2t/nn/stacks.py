@@ -14,7 +14,7 @@ from t2t.nn.attention import causal_mask, combine_masks, prefix_lm_mask, segment
 from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
-from t2t.nn.embed import Embed, Embedder, token_embed
+from t2t.nn.embed import Embed, Embedder, project_embeddings, token_embed
 from t2t.nn.norms import make_norm
 from t2t.nn.position import RelativePositionBias
 
@@ -85,11 +85,13 @@ class Encoder(nn.Module):
 
     Bidirectional, or left-to-right with `config.encoder_causal` (a causal mask combined
     with the packing/padding mask: position i sees keys j <= i of its own segment).
+    `embedder` may be passed in to share all embeddings with another stack (ELECTRA).
     """
 
     config: TransformerConfig
     token_embedder: Optional[Embed] = None
     layer_stack: Optional[LayerStack] = None
+    embedder: Optional[Embedder] = None
 
     @nn.compact
     def __call__(self, input_tokens: jax.Array, segment_ids: Optional[jax.Array] = None,
@@ -99,9 +101,13 @@ class Encoder(nn.Module):
         cfg = self.config
         if positions is None:
             positions = _default_positions(input_tokens)
-        table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
-        x = Embedder(cfg, table, deterministic, name="embedder")(input_tokens, positions,
-                                                                 token_type_ids)
+        if self.embedder is not None:
+            x = self.embedder(input_tokens, positions, token_type_ids, deterministic)
+        else:
+            table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
+            x = Embedder(cfg, table, deterministic, name="embedder")(input_tokens, positions,
+                                                                     token_type_ids)
+        x = project_embeddings(cfg, x)                             # [b, l, d_model]
         mask = combine_masks(  # [batch|1, 1, length, length]
             causal_mask(input_tokens.shape[1]) if cfg.encoder_causal else None,
             None if segment_ids is None else segment_mask(segment_ids, segment_ids))
@@ -194,6 +200,7 @@ class Decoder(nn.Module):
 
         table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
         x = Embedder(cfg, table, deterministic, name="embedder")(tokens, positions)
+        x = project_embeddings(cfg, x)
         stack = self.layer_stack or LayerStack(cfg, cfg.num_decoder_layers, name="layers")
         x = stack(x, encoded, self_mask, self_bias, cross_mask, positions, decode_index,
                   deterministic=deterministic, decode=decode)

@@ -1,0 +1,300 @@
+"""Hugging Face RoBERTa, ALBERT, ELECTRA and DistilBERT <-> t2t (BERT's successors).
+
+All four are BERT-shaped post-LN encoders; each is a config map and a rule table on top of
+`t2t.convert.hf`'s engine. The t2t trees:
+
+  RoBERTa, ALBERT, DistilBERT, ELECTRA generator -> `BertModel` params (`mlm_head`;
+      ALBERT also `pooler` and its SOP head as `nsp_head`)
+  ELECTRA discriminator -> `t2t.models.electra.ElectraDiscriminator` params (`rtd_head`)
+
+ALBERT and ELECTRA sum their embeddings in width E and project to d_model
+(`project_summed_embeddings`); ALBERT's one shared layer is `encoder/layers/layer`.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+from flax import traverse_util
+
+from t2t.convert import hf
+from t2t.convert.hf import (CheckpointMismatchError, _copy, _import, _layer_norm, _linear,
+                            _Rule, _T2T_ACT_TO_HF, _act, _bert_layer_rules, _export, _flat,
+                            _require, bert_config)
+from t2t.nn.config import TransformerConfig
+
+Params = Dict[str, object]
+
+# Which MLM-head activation each HF class uses (BertModel.mlm_activation).
+ROBERTA_MLM_ACTIVATION = "gelu"          # RobertaLMHead: exact gelu whatever hidden_act
+ELECTRA_GENERATOR_ACTIVATION = "gelu"    # ElectraGeneratorPredictions: exact gelu
+
+
+# ----------------------------------------------------------------------- configs
+def roberta_config(d: Mapping) -> TransformerConfig:
+    """HF `RobertaConfig` -> TransformerConfig (BERT's, with 1 token type and the table of
+    max_position_embeddings = max length + pad_token_id + 1 rows)."""
+    return bert_config(d)
+
+
+def albert_config(d: Mapping) -> TransformerConfig:
+    """HF `AlbertConfig` -> TransformerConfig (factorized embeddings, one shared layer)."""
+    groups, inner = d.get("num_hidden_groups", 1), d.get("inner_group_num", 1)
+    if groups != 1 or inner != 1:
+        raise ValueError(f"ALBERT num_hidden_groups={groups}, inner_group_num={inner}: t2t "
+                         "shares one layer across all layers (both must be 1, as released)")
+    c = bert_config(dict(d, hidden_act=d.get("hidden_act", "gelu_new")))
+    return c.replace(embedding_dim=d.get("embedding_size", 128), project_summed_embeddings=True,
+                     share_layers=True, dropout_rate=d.get("hidden_dropout_prob", 0.0),
+                     attention_dropout_rate=d.get("attention_probs_dropout_prob", 0.0))
+
+
+def electra_config(d: Mapping) -> TransformerConfig:
+    """HF `ElectraConfig` -> TransformerConfig (embeddings of width embedding_size)."""
+    c = bert_config(d)
+    e = d.get("embedding_size", c.d_model)
+    return c.replace(embedding_dim=e, project_summed_embeddings=True)
+
+
+def distilbert_config(d: Mapping) -> TransformerConfig:
+    """HF `DistilBertConfig` -> TransformerConfig (BERT without token types, eps 1e-12)."""
+    dim, heads = d["dim"], d["n_heads"]
+    return TransformerConfig(
+        vocab_size=d["vocab_size"], d_model=dim, num_heads=heads, head_dim=dim // heads,
+        d_ff=d["hidden_dim"], num_encoder_layers=d["n_layers"], num_decoder_layers=0,
+        mlp_activations=(_act(d.get("activation", "gelu"), "DistilBERT"),),
+        norm_type="layer", norm_eps=1e-12, pre_norm=False, use_bias=True,
+        position_embedding="learned", max_length=d.get("max_position_embeddings", 512),
+        type_vocab_size=0, embedding_norm=True, tie_embeddings=True, attention_scale="sqrt",
+        dropout_rate=d.get("dropout", 0.1), attention_dropout_rate=d.get("attention_dropout", 0.1),
+        kernel_init="normal", initializer_range=d.get("initializer_range", 0.02))
+
+
+def _encoder_checks(c: TransformerConfig, family: str, factorized: bool) -> None:
+    _require(c.norm_type == "layer" and not c.pre_norm and c.use_bias and c.embedding_norm,
+             family, "needs post-LN LayerNorm, biases and embedding_norm")
+    _require(c.position_embedding == "learned" and c.attention_scale == "sqrt", family,
+             "needs learned positions and attention_scale='sqrt'")
+    _require(c.num_heads * c.head_dim == c.d_model, family, "needs num_heads*head_dim == d_model")
+    _require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in _T2T_ACT_TO_HF, family,
+             f"mlp_activations={c.mlp_activations} is not one HF activation")
+    _require(not c.scale_embeddings and c.num_decoder_layers == 0, family,
+             "needs an encoder only, unscaled embeddings")
+    if factorized:
+        _require(c.embedding_dim is None or c.project_summed_embeddings, family,
+                 "needs project_summed_embeddings=True with embedding_dim")
+    else:
+        _require(c.embedding_dim in (None, c.d_model) and not c.share_layers, family,
+                 "has no factorized embeddings or shared layers")
+
+
+def _common_hf(c: TransformerConfig) -> dict:
+    return {"vocab_size": c.vocab_size, "hidden_size": c.d_model,
+            "num_hidden_layers": c.num_encoder_layers, "num_attention_heads": c.num_heads,
+            "intermediate_size": c.d_ff, "hidden_act": _T2T_ACT_TO_HF[c.mlp_activations[0]],
+            "hidden_dropout_prob": c.dropout_rate,
+            "attention_probs_dropout_prob": c.attn_dropout_rate,
+            "max_position_embeddings": c.max_length, "type_vocab_size": c.type_vocab_size,
+            "initializer_range": c.initializer_range, "layer_norm_eps": c.norm_eps}
+
+
+def roberta_hf_config(c: TransformerConfig, pad_token_id: int = 1) -> dict:
+    _encoder_checks(c, "RoBERTa", factorized=False)
+    return {**_common_hf(c), "architectures": ["RobertaForMaskedLM"], "model_type": "roberta",
+            "position_embedding_type": "absolute", "pad_token_id": pad_token_id,
+            "bos_token_id": 0, "eos_token_id": 2}
+
+
+def albert_hf_config(c: TransformerConfig) -> dict:
+    _encoder_checks(c, "ALBERT", factorized=True)
+    _require(c.share_layers, "ALBERT", "needs share_layers=True")
+    return {**_common_hf(c), "architectures": ["AlbertForPreTraining"], "model_type": "albert",
+            "embedding_size": c.embedding_dim or c.d_model, "num_hidden_groups": 1,
+            "inner_group_num": 1, "classifier_dropout_prob": c.dropout_rate,
+            "position_embedding_type": "absolute", "pad_token_id": 0, "bos_token_id": 2,
+            "eos_token_id": 3}
+
+
+def electra_hf_config(c: TransformerConfig, architecture: str) -> dict:
+    _encoder_checks(c, "ELECTRA", factorized=True)
+    _require(not c.share_layers, "ELECTRA", "has no shared layers")
+    return {**_common_hf(c), "architectures": [architecture], "model_type": "electra",
+            "embedding_size": c.embedding_dim or c.d_model,
+            "position_embedding_type": "absolute", "pad_token_id": 0}
+
+
+def distilbert_hf_config(c: TransformerConfig) -> dict:
+    _encoder_checks(c, "DistilBERT", factorized=False)
+    _require(c.type_vocab_size == 0 and c.norm_eps == 1e-12, "DistilBERT",
+             "needs type_vocab_size=0 and norm_eps=1e-12")
+    return {"architectures": ["DistilBertForMaskedLM"], "model_type": "distilbert",
+            "vocab_size": c.vocab_size, "dim": c.d_model, "n_layers": c.num_encoder_layers,
+            "n_heads": c.num_heads, "hidden_dim": c.d_ff,
+            "activation": _T2T_ACT_TO_HF[c.mlp_activations[0]], "dropout": c.dropout_rate,
+            "attention_dropout": c.attn_dropout_rate, "max_position_embeddings": c.max_length,
+            "initializer_range": c.initializer_range, "sinusoidal_pos_embds": False,
+            "tie_weights_": True, "pad_token_id": 0}
+
+
+# ----------------------------------------------------------------------- rule tables
+def _embedding_rules(e: str, c: TransformerConfig) -> List[_Rule]:
+    """word / position / type tables and their LayerNorm, all of width E (or d_model)."""
+    w = c.embedding_dim if c.project_summed_embeddings and c.embedding_dim else c.d_model
+    rules = [
+        _copy(f"{e}.word_embeddings.weight", "token_embedder/embedding", (c.vocab_size, w)),
+        _copy(f"{e}.position_embeddings.weight", "encoder/embedder/position_embedder/embedding",
+              (c.max_length, w)),
+        *_layer_norm(f"{e}.LayerNorm", "encoder/embedder/embedding_norm", w)]
+    if c.type_vocab_size:
+        rules.append(_copy(f"{e}.token_type_embeddings.weight",
+                           "encoder/embedder/type_embedder/embedding", (c.type_vocab_size, w)))
+    return rules
+
+
+def _mlm_head_rules(dense: str, norm: str, bias: str, c: TransformerConfig) -> List[_Rule]:
+    w = c.embedding_dim or c.d_model
+    return [_linear(f"{dense}.weight", "mlm_head/transform/kernel", (c.d_model, w)),
+            _copy(f"{dense}.bias", "mlm_head/transform/bias", (w,)),
+            *_layer_norm(norm, "mlm_head/transform_norm", w),
+            _copy(bias, "mlm_head/bias", (c.vocab_size,))]
+
+
+def _projection_rules(hf_name: str, c: TransformerConfig) -> List[_Rule]:
+    e = c.embedding_dim
+    if not (c.project_summed_embeddings and e and e != c.d_model):
+        return []
+    return [_linear(f"{hf_name}.weight", "encoder/embedding_projection/kernel", (e, c.d_model)),
+            _copy(f"{hf_name}.bias", "encoder/embedding_projection/bias", (c.d_model,))]
+
+
+def roberta_rules(c: TransformerConfig) -> List[_Rule]:
+    rules = _embedding_rules("roberta.embeddings", c)
+    for i in range(c.num_encoder_layers):
+        rules += _bert_layer_rules(f"roberta.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+    return rules + _mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", c)
+
+
+_SHARED = "shared"   # ALBERT's `layers/layer` is renamed while converting (not a scan stack)
+_ALBERT_LAYER = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
+                 "out": "attention.dense", "attention_norm": "attention.LayerNorm",
+                 "wi": "ffn", "wo": "ffn_output", "mlp_norm": "full_layer_layer_norm"}
+
+
+def albert_rules(c: TransformerConfig, pooler: bool = True, heads: bool = True) -> List[_Rule]:
+    d = c.d_model
+    rules = _embedding_rules("albert.embeddings", c)
+    rules += _projection_rules("albert.encoder.embedding_hidden_mapping_in", c)
+    rules += _bert_layer_rules("albert.encoder.albert_layer_groups.0.albert_layers.0",
+                               f"encoder/layers/{_SHARED}", c, _ALBERT_LAYER)
+    if pooler:
+        rules += [_linear("albert.pooler.weight", "pooler/dense/kernel", (d, d)),
+                  _copy("albert.pooler.bias", "pooler/dense/bias", (d,))]
+    if heads:
+        rules += _mlm_head_rules("predictions.dense", "predictions.LayerNorm", "predictions.bias",
+                                 c)
+        rules += [_linear("sop_classifier.classifier.weight", "nsp_head/dense/kernel", (d, 2)),
+                  _copy("sop_classifier.classifier.bias", "nsp_head/dense/bias", (2,))]
+    return rules
+
+
+def electra_rules(c: TransformerConfig, generator: bool) -> List[_Rule]:
+    rules = _embedding_rules("electra.embeddings", c)
+    rules += _projection_rules("electra.embeddings_project", c)
+    for i in range(c.num_encoder_layers):
+        rules += _bert_layer_rules(f"electra.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+    if generator:
+        return rules + _mlm_head_rules("generator_predictions.dense",
+                                       "generator_predictions.LayerNorm",
+                                       "generator_lm_head.bias", c)
+    d = c.d_model
+    p = "discriminator_predictions"
+    return rules + [_linear(f"{p}.dense.weight", "rtd_head/dense/kernel", (d, d)),
+                    _copy(f"{p}.dense.bias", "rtd_head/dense/bias", (d,)),
+                    _linear(f"{p}.dense_prediction.weight", "rtd_head/prediction/kernel", (d, 1)),
+                    _copy(f"{p}.dense_prediction.bias", "rtd_head/prediction/bias", (1,))]
+
+
+_DISTIL_LAYER = {"query": "attention.q_lin", "key": "attention.k_lin",
+                 "value": "attention.v_lin", "out": "attention.out_lin",
+                 "attention_norm": "sa_layer_norm", "wi": "ffn.lin1", "wo": "ffn.lin2",
+                 "mlp_norm": "output_layer_norm"}
+
+
+def distilbert_rules(c: TransformerConfig) -> List[_Rule]:
+    rules = _embedding_rules("distilbert.embeddings", c)
+    for i in range(c.num_encoder_layers):
+        rules += _bert_layer_rules(f"distilbert.transformer.layer.{i}",
+                                   f"encoder/layers/layer_{i}", c, _DISTIL_LAYER)
+    return rules + _mlm_head_rules("vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
+                                   c)
+
+
+# ----------------------------------------------------------------------- state dicts
+def _check_tied(state: Mapping[str, np.ndarray], decoder: str, words: str) -> None:
+    if decoder in state and words in state and not np.array_equal(state[decoder], state[words]):
+        raise CheckpointMismatchError(f"{decoder} differs from {words}; t2t's MLM head is "
+                                      "always tied to the word embeddings")
+
+
+def _rename(params, old: str, new: str) -> Params:
+    """Rename the key `old` under every `layers` node (ALBERT's shared layer)."""
+    flat = {tuple(new if (k == old and i and p[i - 1] == "layers") else k
+                  for i, k in enumerate(p)): v for p, v in _flat(params).items()}
+    return traverse_util.unflatten_dict(flat)
+
+
+def params_from_hf(model_type: str, state: Mapping[str, np.ndarray], c: TransformerConfig,
+                   architecture: str = "") -> Params:
+    """A RoBERTa / ALBERT / ELECTRA / DistilBERT state dict -> t2t params (see module doc)."""
+    if model_type == "roberta":
+        _check_tied(state, "lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight")
+        return _import(state, roberta_rules(c), c, None)
+    if model_type == "albert":
+        _check_tied(state, "predictions.decoder.weight",
+                    "albert.embeddings.word_embeddings.weight")
+        rules = albert_rules(c, pooler="albert.pooler.weight" in state,
+                             heads="predictions.dense.weight" in state)
+        return _rename(_import(state, rules, c, scan=False), _SHARED, "layer")
+    if model_type == "electra":
+        generator = "generator_lm_head.bias" in state or architecture == "ElectraForMaskedLM"
+        _check_tied(state, "generator_lm_head.weight", "electra.embeddings.word_embeddings.weight")
+        return _import(state, electra_rules(c, generator), c, None)
+    if model_type == "distilbert":
+        _check_tied(state, "vocab_projector.weight",
+                    "distilbert.embeddings.word_embeddings.weight")
+        return _import(state, distilbert_rules(c), c, None)
+    raise ValueError(f"no converter for model_type {model_type!r}")
+
+
+def params_to_hf(model_type: str, c: TransformerConfig, params) -> Dict[str, np.ndarray]:
+    """t2t params -> the HF state dict `params_from_hf` reads (tied decoders left out)."""
+    p = hf._tree(params)
+    if model_type == "roberta":
+        return _export(p, roberta_rules(c))
+    if model_type == "albert":
+        return _export(_rename(p, "layer", _SHARED),
+                       albert_rules(c, pooler="pooler" in p, heads="mlm_head" in p))
+    if model_type == "electra":
+        return _export(p, electra_rules(c, generator="mlm_head" in p))
+    if model_type == "distilbert":
+        return _export(p, distilbert_rules(c))
+    raise ValueError(f"no converter for model_type {model_type!r}")
+
+
+def config_from_hf(model_type: str, d: Mapping) -> TransformerConfig:
+    fns = {"roberta": roberta_config, "albert": albert_config, "electra": electra_config,
+           "distilbert": distilbert_config}
+    return fns[model_type](d)
+
+
+def hf_config(model_type: str, c: TransformerConfig, architecture: Optional[str] = None,
+              pad_token_id: int = 1) -> dict:
+    if model_type == "roberta":
+        return roberta_hf_config(c, pad_token_id)
+    if model_type == "albert":
+        return albert_hf_config(c)
+    if model_type == "electra":
+        return electra_hf_config(c, architecture or "ElectraForPreTraining")
+    if model_type == "distilbert":
+        return distilbert_hf_config(c)
+    raise ValueError(f"no converter for model_type {model_type!r}")

@@ -1,0 +1,193 @@
+"""One loader for every Hugging Face directory t2t converts: `load_pretrained` reads
+config.json's `model_type`, `save_pretrained` writes a directory `transformers` loads.
+
+`PretrainedModel.logits(input_ids, attention_mask)` equals the HF class's output: MLM logits
+[batch, length, vocab] for BERT, RoBERTa, ALBERT, DistilBERT and an ELECTRA generator,
+replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2t.convert import hf, hf_encoders
+from t2t.nn.config import TransformerConfig
+
+# model_type -> the architecture written by default (and read when config.json names none).
+ARCHITECTURES = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM",
+                 "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining",
+                 "distilbert": "DistilBertForMaskedLM", "gpt2": "GPT2LMHeadModel",
+                 "t5": "T5ForConditionalGeneration"}
+SUPPORTED = tuple(ARCHITECTURES)
+
+
+class PretrainedError(ValueError):
+    """A directory t2t cannot load or a model it cannot save (one readable line)."""
+
+
+@dataclasses.dataclass
+class PretrainedModel:
+    """A converted checkpoint: its HF `model_type` and `architecture`, t2t config and params."""
+
+    model_type: str
+    architecture: str
+    config: TransformerConfig
+    params: Any
+    pad_token_id: int = 0
+
+    def logits(self, input_ids, attention_mask=None, token_type_ids=None) -> np.ndarray:
+        """The HF class's logits for right- or left-padded [batch, length] ids (1 = token)."""
+        ids = jnp.asarray(input_ids, jnp.int32)
+        mask = jnp.ones_like(ids) if attention_mask is None else jnp.asarray(attention_mask,
+                                                                              jnp.int32)
+        types = None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
+        fn = _logits_fn(self.model_type, self._module_kind(), self.config, self.pad_token_id)
+        return np.asarray(fn(self.params, ids, mask, types))
+
+    def _module_kind(self) -> str:
+        if self.model_type == "t5":
+            raise PretrainedError("a T5 directory has no logits(input_ids, attention_mask): "
+                                  "use t2t.nn.stacks.EncoderDecoder with decoder inputs")
+        if self.model_type == "electra" and "rtd_head" in self.params:
+            return "discriminator"
+        if self.model_type == "gpt2":
+            return "lm"
+        if "mlm_head" not in self.params:
+            raise PretrainedError(f"this {self.architecture} checkpoint has no MLM head, so "
+                                  "it has no logits; use t2t.models.bert.hidden_states")
+        return "mlm"
+
+
+def roberta_positions(input_ids: jax.Array, pad_token_id: int) -> jax.Array:
+    """RoBERTa's (fairseq's) position ids: pad_token_id + 1 + index among non-pad tokens;
+    pad tokens get pad_token_id.  [batch, length] -> [batch, length]."""
+    real = (input_ids != pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + pad_token_id
+
+
+@functools.lru_cache(maxsize=None)
+def _logits_fn(model_type: str, kind: str, config: TransformerConfig, pad_token_id: int):
+    from t2t.models.bert import BertModel
+    from t2t.models.electra import ElectraDiscriminator
+    from t2t.nn.stacks import Decoder
+
+    if kind == "lm":
+        def fn(params, ids, mask, types):
+            return Decoder(config).apply({"params": params}, ids, decoder_segment_ids=mask)
+        return jax.jit(fn)
+    if kind == "discriminator":
+        def fn(params, ids, mask, types):
+            return ElectraDiscriminator(config).apply({"params": params}, ids, mask, types)
+        return jax.jit(fn)
+    activation = {"roberta": hf_encoders.ROBERTA_MLM_ACTIVATION,
+                  "electra": hf_encoders.ELECTRA_GENERATOR_ACTIVATION}.get(
+                      model_type, config.mlp_activations[0])
+
+    def fn(params, ids, mask, types):
+        positions = roberta_positions(ids, pad_token_id) if model_type == "roberta" else None
+        return BertModel(config, activation).apply({"params": params}, ids, mask, types,
+                                                   positions, method=BertModel.mlm_logits)
+    return jax.jit(fn)
+
+
+# ----------------------------------------------------------------------- load / save
+def _read_hf_config(directory: str) -> Dict[str, Any]:
+    path = os.path.join(os.fspath(directory), hf.CONFIG_FILE)
+    if not os.path.isdir(directory):
+        raise PretrainedError(f"{directory!r} is not a directory (expected a Hugging Face "
+                              "model directory with config.json and model.safetensors)")
+    if not os.path.exists(path):
+        raise PretrainedError(f"{directory!r} has no config.json (a Hugging Face model "
+                              "directory needs config.json and model.safetensors)")
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
+        raise PretrainedError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(d, dict) or "model_type" not in d:
+        raise PretrainedError(f"{path} has no 'model_type'; t2t reads {list(SUPPORTED)}")
+    if d["model_type"] not in SUPPORTED:
+        raise PretrainedError(f"{path}: model_type {d['model_type']!r} is not supported; "
+                              f"t2t reads {list(SUPPORTED)}")
+    return d
+
+
+def _config(model_type: str, d: Dict[str, Any]) -> TransformerConfig:
+    fns = {"bert": hf.bert_config, "gpt2": hf.gpt2_config, "t5": hf.t5_config}
+    fn = fns.get(model_type) or functools.partial(hf_encoders.config_from_hf, model_type)
+    try:
+        return fn(d)
+    except KeyError as e:
+        raise PretrainedError(f"config.json of this {model_type} model has no {e.args[0]!r}, "
+                              "which t2t needs") from None
+    except ValueError as e:
+        raise PretrainedError(f"{model_type} config.json: {e}") from None
+
+
+def load_pretrained(directory, **overrides) -> PretrainedModel:
+    """HF directory (config.json + model.safetensors) -> PretrainedModel.
+
+    `overrides` replace TransformerConfig fields (e.g. `dropout_rate=0.0`).
+    """
+    directory = os.fspath(directory)
+    d = _read_hf_config(directory)
+    model_type = d["model_type"]
+    architecture = (d.get("architectures") or [ARCHITECTURES[model_type]])[0]
+    config = _config(model_type, d)
+    if overrides:
+        config = config.replace(**overrides)
+    try:
+        state = hf.read_safetensors(directory)
+    except FileNotFoundError as e:
+        raise PretrainedError(str(e)) from None
+    if model_type == "bert":
+        params = hf.bert_params_from_hf(state, config)
+    elif model_type == "gpt2":
+        params = hf.gpt2_params_from_hf(state, config)
+    elif model_type == "t5":
+        params = hf.t5_params_from_hf(state, config)
+    else:
+        params = hf_encoders.params_from_hf(model_type, state, config, architecture)
+    pad = d.get("pad_token_id")
+    return PretrainedModel(model_type, architecture, config, params,
+                           0 if pad is None else int(pad))
+
+
+def save_pretrained(model: PretrainedModel, directory) -> None:
+    """Write `model` as config.json + model.safetensors that `transformers` loads."""
+    c, p, t = model.config, hf._tree(model.params), model.model_type
+    if t == "bert":
+        hf.save_bert(c, p, directory)
+        return
+    if t == "gpt2":
+        hf.save_gpt2(c, p, directory)
+        return
+    if t == "t5":
+        hf.save_t5(c, p, directory)
+        return
+    if t not in SUPPORTED:
+        raise PretrainedError(f"model_type {t!r} is not supported; t2t writes {list(SUPPORTED)}")
+    architecture = model.architecture
+    if t == "electra":
+        architecture = "ElectraForPreTraining" if "rtd_head" in p else "ElectraForMaskedLM"
+    hf_config = hf_encoders.hf_config(t, c, architecture, model.pad_token_id)
+    hf._save(directory, hf_config, hf_encoders.params_to_hf(t, c, p))
+
+
+def pretrained(model_type: str, config: TransformerConfig, params,
+               architecture: Optional[str] = None, pad_token_id: Optional[int] = None
+               ) -> PretrainedModel:
+    """Wrap t2t params (e.g. a trained checkpoint's) for `save_pretrained`."""
+    if model_type not in SUPPORTED:
+        raise PretrainedError(f"model_type {model_type!r} is not supported; choose one of "
+                              f"{list(SUPPORTED)}")
+    pad = (1 if model_type == "roberta" else 0) if pad_token_id is None else pad_token_id
+    return PretrainedModel(model_type, architecture or ARCHITECTURES[model_type], config,
+                           hf._tree(params), pad)
