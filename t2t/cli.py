@@ -241,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--render_only", action="store_true", help="render what has finished")
     p.set_defaults(func=cmd_ablate)
     sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
+    sub.add_parser("launch", help="run a command on Cloud TPU slices (t2t launch --help)")
     return parser
 
 
@@ -275,6 +276,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     saving a checkpoint (run the same command again to resume), 130 aborted by a second
     Ctrl-C."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:   # its own argparse; the command after `--` passes untouched
+        from t2t.launch import cli as launch_cli
+        return launch_cli.main(argv[1:])
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
