@@ -10,18 +10,22 @@ import numpy as np
 
 from t2t.models.base import LossConfig, Model
 from t2t.models.bert import BertModel, BertPretrainingModel
+from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.gpt import DecoderOnlyModel
 from t2t.models.t5 import EncoderDecoderModel
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import Decoder, EncoderDecoder
 
-FAMILIES = ("bert", "t5", "gpt")
+FAMILIES = ("bert", "t5", "gpt", "electra")
 
 
 def make_module(family: str, config: TransformerConfig) -> nn.Module:
-    """bert -> BertModel (encoder + heads), t5 -> EncoderDecoder, gpt -> Decoder."""
+    """bert -> BertModel (encoder + heads), t5 -> EncoderDecoder, gpt -> Decoder,
+    electra -> the discriminator (the model fine-tuned, and the one the papers count)."""
     if family == "bert":
         return BertModel(config)
+    if family == "electra":
+        return ElectraDiscriminator(config)
     if family == "t5":
         return EncoderDecoder(config)
     if family == "gpt":
@@ -32,7 +36,8 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
 def make_model(family: str, config: TransformerConfig,
                loss: LossConfig | None = None) -> Model:
     """The family's model wrapper (init / loss_fn / score) around its module."""
-    classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel}
+    classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
+               "electra": ElectraPretrainingModel}
     if family not in classes:
         raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
     return classes[family](config) if loss is None else classes[family](config, loss)
@@ -45,6 +50,8 @@ def example_inputs(family: str, batch: int = 2, length: int = 16,
     if family == "bert":
         return {"encoder_input_tokens": tokens(length), "token_type_ids": tokens(length) * 0,
                 "masked_positions": jnp.zeros((batch, max_predictions), jnp.int32)}
+    if family == "electra":
+        return {"input_tokens": tokens(length)}
     if family == "t5":
         return {"encoder_input_tokens": tokens(length), "decoder_input_tokens": tokens(target_length)}
     if family == "gpt":
