@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
+from t2t import storage
 from t2t.data.benchmarks import FinetuneTask, classification_examples
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import get_task
@@ -196,9 +197,10 @@ def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def write_results(results: Mapping[str, Mapping[str, float]],
-                  out_dir: str | os.PathLike) -> tuple[Path, Path]:
-    """Writes ``metrics.json`` (all digits) and ``results.md`` (the table); their paths."""
-    out = Path(out_dir)
+                  out_dir: str | os.PathLike) -> tuple[epath.Path, epath.Path]:
+    """Writes ``metrics.json`` (all digits) and ``results.md`` (the table) into ``out_dir``
+    (local or gs://); their paths."""
+    out = storage.path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "metrics.json", out / "results.md"
     json_path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

@@ -2,20 +2,21 @@
 
 One step directory holds three items: ``state`` (the train-state pytree, any sharding),
 ``data`` (the input pipeline's iterator state, JSON) and ``config`` (the resolved gin config
-string, JSON). Saves are asynchronous; the manager keeps the newest ``keep`` steps. Restore
-takes an abstract target (``jax.ShapeDtypeStruct`` leaves *with shardings*), so a checkpoint
-written on one mesh restores onto any other; stored shapes and dtypes are checked against
-the target first, with an error naming every mismatching parameter.
+string, JSON). The directory may be local or in a bucket (gs://). Saves are asynchronous;
+the manager keeps the newest ``keep`` steps. Restore takes an abstract target
+(``jax.ShapeDtypeStruct`` leaves *with shardings*), so a checkpoint written on one mesh
+restores onto any other; stored shapes and dtypes are checked against the target first,
+with an error naming every mismatching parameter.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from t2t import storage
 from t2t.errors import CheckpointMismatchError
 
 PyTree = Any
@@ -106,7 +107,7 @@ class Checkpointer:
 
     def __init__(self, directory: str, keep: Optional[int] = 3, async_save: bool = True,
                  save_interval_steps: int = 1, keep_period: Optional[int] = None):
-        self.directory = os.path.abspath(directory)
+        self.directory = str(storage.path(directory))   # local (absolute) or gs://...
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=save_interval_steps, keep_period=keep_period,
             enable_async_checkpointing=async_save, create=True)

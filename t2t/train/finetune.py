@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import t2t.data.offline  # noqa: F401  registers the offline fine-tuning tasks
+from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.data.benchmarks import classification_examples, spread
@@ -49,19 +50,19 @@ Params = Any
 # ----------------------------------------------------------------------------- checkpoints
 def is_hf_dir(path: str) -> bool:
     """A Hugging Face model directory (config.json, no t2t checkpoints)."""
-    return (os.path.isfile(os.path.join(path, "config.json"))
-            and not os.path.isdir(os.path.join(path, "checkpoints")))
+    root = storage.path(path)
+    return (root / "config.json").is_file() and not (root / "checkpoints").is_dir()
 
 
 def checkpoint_dir(path: str) -> str:
-    """`path/checkpoints` for a t2t MODEL_DIR, else `path` itself."""
+    """`path/checkpoints` for a t2t MODEL_DIR, else `path` itself (local or gs://)."""
     sub = os.path.join(path, "checkpoints")
-    return sub if os.path.isdir(sub) else path
+    return sub if storage.path(sub).is_dir() else path
 
 
 def latest_step(ckpt_dir: str) -> Optional[int]:
     """The newest complete step in a checkpoints directory (None: none, or no directory)."""
-    if not os.path.isdir(ckpt_dir):
+    if not storage.path(ckpt_dir).is_dir():
         return None
     with Checkpointer(ckpt_dir, async_save=False) as ckpt:
         return ckpt.latest_step()
@@ -77,7 +78,7 @@ def restore_params(path: str, target: Optional[Params] = None,
     if step is None:
         raise FileNotFoundError(f"no t2t checkpoint in {path!r} (expected a MODEL_DIR with "
                                 "checkpoints/<step>/ or a Hugging Face directory)")
-    state_dir = os.path.join(os.path.abspath(ckpt_dir), str(step), "state")
+    state_dir = storage.path(ckpt_dir) / str(step) / "state"
     stored = ocp.StandardCheckpointer().metadata(state_dir)
     stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)["params"]
