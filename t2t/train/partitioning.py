@@ -28,6 +28,7 @@ context: it silently disables flax's logical constraints.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
@@ -120,13 +121,33 @@ def _resolve_shape(shape: Sequence[int], num_devices: int, names: Sequence[str],
     return shape
 
 
+# Devices `make_mesh` uses when given none: `jax.devices()` unless `target_devices` is active.
+_TARGET_DEVICES: contextvars.ContextVar[Optional[Sequence[jax.Device]]] = (
+    contextvars.ContextVar("t2t_target_devices", default=None))
+
+
+@contextlib.contextmanager
+def target_devices(devices: Sequence[jax.Device]) -> Iterator[None]:
+    """Meshes built inside (``make_mesh(devices=None)``) use ``devices``: e.g. the
+    compile-only devices of a TPU topology, so that a gin-built experiment's trainer
+    targets that topology (``t2t compile``)."""
+    token = _TARGET_DEVICES.set(list(devices))
+    try:
+        yield
+    finally:
+        _TARGET_DEVICES.reset(token)
+
+
 def make_mesh(config: Optional[MeshConfig] = None,
               devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types, topology-aware order.
 
     ``config=None`` builds ``MeshConfig()`` at call time, so gin bindings apply.
+    ``devices=None``: the :func:`target_devices` in effect, else ``jax.devices()``.
     """
     config = MeshConfig() if config is None else config
+    if devices is None:
+        devices = _TARGET_DEVICES.get()
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
     dcn = tuple(int(s) for s in config.dcn_shape)
@@ -291,16 +312,34 @@ def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
     return logical_sharding(mesh, ("batch",), rules)
 
 
+def abstract_sharded(init_fn: Callable[..., Any], rng: Any, *args: Any, mesh: Mesh,
+                     rules: Rules = DEFAULT_RULES) -> tuple[Any, Any]:
+    """(unboxed ShapeDtypeStructs carrying their shardings, the shardings) of what
+    ``init_fn(rng, *args)`` returns; nothing is allocated. ``rng`` and ``args`` may be
+    arrays or ShapeDtypeStructs, so this also serves meshes of compile-only devices."""
+    with sharding_context(mesh, rules):
+        boxed = jax.eval_shape(init_fn, rng, *args)
+        shardings = param_shardings(boxed, mesh, rules)
+    unboxed = jax.tree.map(lambda x: x.value if _is_box(x) else x, boxed, is_leaf=_is_box)
+    return with_shardings(unboxed, shardings), shardings
+
+
+def with_shardings(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of ``tree``'s leaves (arrays or structs) with ``shardings``."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
 def init_sharded(init_fn: Callable[..., Any], rng: jax.Array, *args: Any, mesh: Mesh,
                  rules: Rules = DEFAULT_RULES) -> tuple[Any, Any]:
     """Initialises directly into sharded arrays; returns (unboxed params, their shardings).
 
     ``init_fn(rng, *args)`` returns a tree with logical-partitioning boxes, e.g.
-    ``model.init``. No full copy of the parameters ever lives on one device.
+    ``model.init``. No full copy of the parameters ever lives on one device. The
+    shardings are :func:`abstract_sharded`'s.
     """
+    _, shardings = abstract_sharded(init_fn, rng, *args, mesh=mesh, rules=rules)
     with sharding_context(mesh, rules):
-        abstract = jax.eval_shape(init_fn, rng, *args)
-        shardings = param_shardings(abstract, mesh, rules)
         init = jax.jit(lambda r, *a: nn.meta.unbox(init_fn(r, *a)), out_shardings=shardings)
         params = init(rng, *args)
     return params, shardings
@@ -310,7 +349,9 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: Any,
                         shardings: Any) -> Any:
     """Shardings for ``tx.init(params)``: moments shaped like their parameter inherit its
     sharding; anything else (step counts, Adafactor's factored row/column statistics) is
-    replicated. Use as ``jax.jit(tx.init, out_shardings=...)`` (never ``device_put``)."""
+    replicated. Use as ``jax.jit(tx.init, out_shardings=...)`` (never ``device_put``).
+    ``params`` may be ShapeDtypeStructs; call this outside ``jax.set_mesh`` (optax runs
+    ``tx.init`` on placeholders eagerly, which a mesh of compile-only devices refuses)."""
     mesh = jax.tree.leaves(shardings)[0].mesh
     replicated = NamedSharding(mesh, P())
     abstract = jax.eval_shape(tx.init, params)

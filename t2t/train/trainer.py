@@ -81,17 +81,48 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def init_state(self, example_batch: Dict[str, np.ndarray]) -> TrainState:
-        """Parameters and optimizer state, created directly in their shardings."""
-        rng = jax.random.PRNGKey(self.config.seed)
-        shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in example_batch.items()}
-        params, param_shardings = partitioning.init_sharded(
+        """Parameters and optimizer state, created directly in the shardings that
+        :meth:`abstract_init` (the one place they are decided) gives them."""
+        shapes = _shapes(example_batch)
+        self.abstract_init(shapes)
+        s = self.state_shardings
+        with partitioning.sharding_context(self.mesh, self.rules):
+            params = jax.jit(lambda r: nn.meta.unbox(self.model.init(r, _zeros(shapes))),
+                             out_shardings=s.params)(jax.random.PRNGKey(self.config.seed))
+            opt_state = jax.jit(self.tx.init, out_shardings=s.opt_state)(params)
+            step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=self.replicated)()
+        return TrainState(step, params, opt_state)
+
+    def abstract_init(self, example_batch: Dict[str, Any]) -> TrainState:
+        """The state `init_state` creates, as ShapeDtypeStructs carrying their shardings;
+        sets `state_shardings`. Nothing is allocated or run, so `example_batch` (arrays or
+        ShapeDtypeStructs) and the mesh may be those of a topology this host lacks."""
+        shapes = _shapes(example_batch)
+        rng = jax.ShapeDtypeStruct((2,), jnp.uint32)       # a jax.random.PRNGKey
+        params, param_shardings = partitioning.abstract_sharded(
             lambda r: self.model.init(r, _zeros(shapes)), rng, mesh=self.mesh, rules=self.rules)
         opt_shardings = partitioning.opt_state_shardings(self.tx, params, param_shardings)
-        with partitioning.sharding_context(self.mesh, self.rules):
-            opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(params)
-            step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=self.replicated)()
+        opt_state = partitioning.with_shardings(jax.eval_shape(self.tx.init, params),
+                                                opt_shardings)
         self.state_shardings = TrainState(self.replicated, param_shardings, opt_shardings)
+        step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
         return TrainState(step, params, opt_state)
+
+    def abstract_batch(self, example_batch: Dict[str, Any]) -> Dict[str, jax.ShapeDtypeStruct]:
+        """`example_batch`'s shapes as a *global* batch of ShapeDtypeStructs, sharded as
+        `global_batch` shards real batches (dimension 0 over data and fsdp)."""
+        rows = next(iter(example_batch.values())).shape[0]
+        sharding = self._batch_sharding(rows)
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
+                for k, v in example_batch.items()}
+
+    def lower_train_step(self, abstract_state: TrainState, abstract_batch):
+        """The train step lowered for `abstract_init`'s state and an `abstract_batch`:
+        `.compile()` gives the executable for the mesh's devices, run or not."""
+        if self._train_step is None:
+            self._compile()
+        with partitioning.sharding_context(self.mesh, self.rules):
+            return self._train_step.lower(abstract_state, abstract_batch)
 
     def abstract_state(self, state: TrainState):
         return jax.tree_util.tree_map(
@@ -141,14 +172,18 @@ class Trainer:
 
     def global_batch(self, batch: Dict[str, np.ndarray]):
         """Process-local numpy rows -> global arrays sharded over (data, fsdp)."""
-        sharding = partitioning.batch_sharding(self.mesh, self.rules)
         rows = next(iter(batch.values())).shape[0] * jax.process_count()
+        return to_global_arrays(batch, self.mesh, self._batch_sharding(rows).spec)
+
+    def _batch_sharding(self, global_rows: int) -> NamedSharding:
+        """The batch sharding, after checking that it divides `global_rows`."""
+        sharding = partitioning.batch_sharding(self.mesh, self.rules)
         ways = int(np.prod([self.mesh.shape[a] for a in _axes(sharding.spec[0])]))
-        if rows % ways:
-            raise ValueError(f"global batch size {rows} is not divisible by the {ways} ways the "
-                             f"mesh splits the batch ({sharding.spec[0]}); change BATCH_SIZE "
-                             "or MeshConfig")
-        return to_global_arrays(batch, self.mesh, sharding.spec)
+        if global_rows % ways:
+            raise ValueError(f"global batch size {global_rows} is not divisible by the {ways} "
+                             f"ways the mesh splits the batch ({sharding.spec[0]}); change "
+                             "BATCH_SIZE or MeshConfig")
+        return sharding
 
     def evaluate(self, params, batches: Iterator[Dict[str, np.ndarray]], steps: int):
         """Mean of eval metrics over up to `steps` batches (num_tokens summed)."""
@@ -167,6 +202,10 @@ def _axes(entry) -> tuple:
     if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _shapes(batch) -> Dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
 
 
 def _zeros(shapes):
