@@ -205,6 +205,7 @@ def gpt2_hf_config(config: TransformerConfig) -> dict:
 
 
 def _common_checks(c: TransformerConfig, family: str) -> None:
+    _require(c.position_offset == 0, family, "has no position_offset (RoBERTa's)")
     _require(c.attention_scale == "sqrt", family, "needs attention_scale='sqrt'")
     _require(c.num_heads * c.head_dim == c.d_model, family,
              f"needs num_heads * head_dim == d_model ({c.num_heads}*{c.head_dim} != {c.d_model})")

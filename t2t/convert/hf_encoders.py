@@ -32,9 +32,9 @@ ELECTRA_GENERATOR_ACTIVATION = "gelu"    # ElectraGeneratorPredictions: exact ge
 
 # ----------------------------------------------------------------------- configs
 def roberta_config(d: Mapping) -> TransformerConfig:
-    """HF `RobertaConfig` -> TransformerConfig (BERT's, with 1 token type and the table of
-    max_position_embeddings = max length + pad_token_id + 1 rows)."""
-    return bert_config(d)
+    """HF `RobertaConfig` -> TransformerConfig (BERT's, with 1 token type and positions
+    from pad_token_id + 1: max_position_embeddings = max length + pad_token_id + 1 rows)."""
+    return bert_config(d).replace(position_offset=d.get("pad_token_id", 1) + 1)
 
 
 def albert_config(d: Mapping) -> TransformerConfig:
@@ -80,6 +80,8 @@ def _encoder_checks(c: TransformerConfig, family: str, factorized: bool) -> None
              f"mlp_activations={c.mlp_activations} is not one HF activation")
     _require(not c.scale_embeddings and c.num_decoder_layers == 0, family,
              "needs an encoder only, unscaled embeddings")
+    if family != "RoBERTa":
+        _require(c.position_offset == 0, family, "has no position_offset (RoBERTa's)")
     if factorized:
         _require(c.embedding_dim is None or c.project_summed_embeddings, family,
                  "needs project_summed_embeddings=True with embedding_dim")
@@ -100,6 +102,8 @@ def _common_hf(c: TransformerConfig) -> dict:
 
 def roberta_hf_config(c: TransformerConfig, pad_token_id: int = 1) -> dict:
     _encoder_checks(c, "RoBERTa", factorized=False)
+    _require(c.position_offset == pad_token_id + 1, "RoBERTa",
+             f"needs position_offset = pad_token_id + 1 = {pad_token_id + 1}")
     return {**_common_hf(c), "architectures": ["RobertaForMaskedLM"], "model_type": "roberta",
             "position_embedding_type": "absolute", "pad_token_id": pad_token_id,
             "bos_token_id": 0, "eos_token_id": 2}

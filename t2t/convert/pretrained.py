@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2t.convert import hf, hf_encoders
+from t2t.errors import UserError
 from t2t.nn.config import TransformerConfig
 
 # model_type -> the architecture written by default (and read when config.json names none).
@@ -28,7 +29,7 @@ ARCHITECTURES = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM",
 SUPPORTED = tuple(ARCHITECTURES)
 
 
-class PretrainedError(ValueError):
+class PretrainedError(UserError, ValueError):
     """A directory t2t cannot load or a model it cannot save (one readable line)."""
 
 
@@ -91,7 +92,9 @@ def _logits_fn(model_type: str, kind: str, config: TransformerConfig, pad_token_
                       model_type, config.mlp_activations[0])
 
     def fn(params, ids, mask, types):
-        positions = roberta_positions(ids, pad_token_id) if model_type == "roberta" else None
+        positions = None     # HF's from the ids, less the offset the Encoder adds
+        if model_type == "roberta":
+            positions = roberta_positions(ids, pad_token_id) - config.position_offset
         return BertModel(config, activation).apply({"params": params}, ids, mask, types,
                                                    positions, method=BertModel.mlm_logits)
     return jax.jit(fn)

@@ -592,3 +592,164 @@ def nsp_examples(documents: Sequence[Sequence[Sequence[int]]], seed: Seed, max_l
     return [inst for d in indices
             for inst in create_instances_from_document(documents, d, rng, max_length, cls_id,
                                                        sep_id, short_seq_prob, word_starts)]
+
+
+# ----------------------------------------------------------------------------- BERT's successors
+# ALBERT's n-gram masking and sentence-order prediction, RoBERTa's FULL-SENTENCES rows
+# (SpanBERT's single segments are the same rows within one document).
+
+
+def ngram_lengths(rng: np.random.Generator, n: int, max_ngram: int = 3) -> np.ndarray:
+    """ALBERT n-gram lengths (words): p(k) ∝ 1/k for k = 1..max_ngram (6/11, 3/11, 2/11)."""
+    k = np.arange(1, max_ngram + 1)
+    return rng.choice(k, size=n, p=(1 / k) / np.sum(1 / k))
+
+
+def choose_ngrams(sizes: Sequence[int], budget: int, rng: np.random.Generator,
+                  max_ngram: int = 3) -> list[list[int]]:
+    """ALBERT: visit the words in random order; from each uncovered one draw k ~ p(k) ∝ 1/k
+    and cover k words to its right (k shrinks to fit the budget, the sequence's end and
+    words covered before). ``sizes`` [words] in tokens; returns the chosen n-grams (word
+    indices), their tokens summing to at most ``budget``."""
+    covered = np.zeros(len(sizes), dtype=bool)
+    grams, count = [], 0
+    for start in rng.permutation(len(sizes)):
+        if count >= budget:
+            break
+        k = int(ngram_lengths(rng, 1, max_ngram)[0])
+        while k > 0:
+            words = list(range(start, min(start + k, len(sizes))))
+            if (len(words) == k and not covered[words].any()
+                    and count + sum(sizes[w] for w in words) <= budget):
+                break
+            k -= 1
+        if k == 0:
+            continue
+        covered[words] = True
+        count += sum(sizes[w] for w in words)
+        grams.append(words)
+    return grams
+
+
+def _mask_groups(tokens: np.ndarray, groups: list[np.ndarray], rng: np.random.Generator,
+                 vocab_size: int, mask_id: int, special_ids: Sequence[int],
+                 max_predictions: int) -> dict[str, np.ndarray]:
+    """Each group (an n-gram's positions) -> [MASK] 80% / random ids 10% / kept 10%,
+    decided once per group; BERT's MLM features, sorted by position and zero-padded."""
+    u = rng.random(len(groups))
+    positions = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    u = np.repeat(u, [len(g) for g in groups])
+    order = np.argsort(positions, kind="stable")
+    positions, u = positions[order], u[order]
+    rand = _random_ids(rng, len(positions), vocab_size, special_ids)
+    original = tokens[positions]
+    inputs = tokens.copy()
+    inputs[positions] = np.where(u < 0.8, np.int32(mask_id), np.where(u < 0.9, rand, original))
+    pad = max_predictions - len(positions)
+    return {"inputs": inputs,
+            "masked_positions": np.pad(positions.astype(np.int32), (0, pad)),
+            "masked_ids": np.pad(original.astype(np.int32), (0, pad)),
+            "masked_weights": np.pad(np.ones(len(positions), np.float32), (0, pad))}
+
+
+def ngram_mask(tokens: Any, seed: Seed, vocab_size: int, mask_id: int, special_ids: Sequence[int],
+               word_starts: Any, mask_rate: float = 0.15, max_predictions: int = 20,
+               max_ngram: int = 3) -> dict[str, np.ndarray]:
+    """ALBERT's n-gram MLM: whole-word n-grams (`choose_ngrams`) up to the budget of
+    ``min(max_predictions, max(1, round(mask_rate * #non-special)))`` tokens."""
+    tokens = _tokens(tokens)
+    rng = make_rng(seed)
+    candidates = np.flatnonzero(~np.isin(tokens, np.asarray(special_ids, dtype=np.int32)))
+    budget = min(max_predictions, max(1, int(round(len(candidates) * mask_rate))))
+    words = _word_groups(candidates, word_starts)
+    grams = choose_ngrams([len(w) for w in words], budget if len(candidates) else 0, rng,
+                          max_ngram)
+    groups = [np.concatenate([words[w] for w in g]) for g in grams]
+    return _mask_groups(tokens, groups, rng, vocab_size, mask_id, special_ids, max_predictions)
+
+
+def sop_instances(document: Sequence[Sequence[int]], rng: np.random.Generator, max_length: int,
+                  cls_id: int, sep_id: int, short_seq_prob: float = 0.1,
+                  word_starts: Sequence[Sequence[bool]] | None = None) -> list[dict]:
+    """ALBERT's sentence-order prediction pairs ``[CLS] A [SEP] B [SEP]`` from one document.
+
+    A and B are consecutive chunks of whole sentences (BERT's chunking up to the target
+    length); with probability 1/2 they are swapped, label 1 ("swapped"), else label 0. A
+    chunk of a single sentence gives no pair. Keys as `create_instances_from_document`'s,
+    the label under ``next_sentence_label``.
+    """
+    def sentence(s: int) -> list[tuple[int, bool]]:
+        starts = word_starts[s] if word_starts is not None else [True] * len(document[s])
+        return list(zip(document[s], starts))
+
+    max_num_tokens = max_length - 3
+    target = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target = int(rng.integers(2, max_num_tokens + 1))
+    instances, chunk, size = [], [], 0
+    for i in range(len(document)):
+        chunk.append(i)
+        size += len(document[i])
+        if i < len(document) - 1 and size < target:
+            continue
+        if len(chunk) >= 2:
+            a_end = int(rng.integers(1, len(chunk)))
+            tokens_a = [t for s in chunk[:a_end] for t in sentence(s)]
+            tokens_b = [t for s in chunk[a_end:] for t in sentence(s)]
+            swapped = int(rng.random() < 0.5)
+            if swapped:
+                tokens_a, tokens_b = tokens_b, tokens_a
+            truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+            if tokens_a and tokens_b:
+                pairs = [(cls_id, True), *tokens_a, (sep_id, True), *tokens_b, (sep_id, True)]
+                types = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+                instances.append({"tokens": np.array([t for t, _ in pairs], np.int32),
+                                  "token_type_ids": np.array(types, np.int32),
+                                  "word_starts": np.array([w for _, w in pairs], bool),
+                                  "next_sentence_label": np.int32(swapped)})
+        chunk, size = [], 0
+    return instances
+
+
+def full_sentences_rows(documents: Sequence[Sequence[Sequence[int]]], max_tokens: int,
+                        cross_documents: bool = True, doc_separator: int | None = None
+                        ) -> list[tuple[int, list[tuple[int, bool]]]]:
+    """RoBERTa's FULL-SENTENCES: whole sentences packed contiguously into rows of at most
+    ``max_tokens`` tokens, crossing into the next document after ``doc_separator`` when
+    ``cross_documents`` (else each document's rows end with it: SpanBERT's single
+    segments). A sentence longer than a row is cut. Sentences are lists of
+    ``(token, word_start)``; returns ``(document the row starts in, row)`` pairs, every
+    token of the corpus in exactly one row, in order."""
+    rows: list[tuple[int, list[tuple[int, bool]]]] = []
+    row: list[tuple[int, bool]] = []
+    start_doc = 0
+
+    def flush():
+        nonlocal row
+        if row:
+            rows.append((start_doc, row))
+        row = []
+
+    for d, document in enumerate(documents):
+        if not cross_documents:
+            flush()
+        # Between documents inside a row: the separator, written with the next sentence
+        # that fits (a row never ends with it).
+        pending = bool(row) and doc_separator is not None
+        for sentence in document:
+            sentence = list(sentence)
+            extra = 1 if pending and row else 0
+            if row and len(row) + extra + len(sentence) > max_tokens:
+                flush()
+                extra = 0
+            while len(sentence) > max_tokens:      # the row is empty here
+                rows.append((d, sentence[:max_tokens]))
+                sentence = sentence[max_tokens:]
+            if not row:
+                start_doc = d
+            if extra:
+                row.append((doc_separator, True))
+            row.extend(sentence)
+            pending = False
+    flush()
+    return rows

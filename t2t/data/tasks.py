@@ -560,3 +560,6 @@ def register_bible_tasks(sentencepiece: Any = bible_sentencepiece,
 
 
 register_bible_tasks()
+
+# RoBERTa, SpanBERT and ALBERT data (bible_web_roberta, _spanbert, _albert) register there.
+import t2t.data.encoder_objectives  # noqa: E402,F401

@@ -12,11 +12,12 @@ from t2t.models.base import LossConfig, Model
 from t2t.models.bert import BertModel, BertPretrainingModel
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.gpt import DecoderOnlyModel
+from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
 from t2t.models.t5 import EncoderDecoderModel
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import Decoder, EncoderDecoder
 
-FAMILIES = ("bert", "t5", "gpt", "electra")
+FAMILIES = ("bert", "t5", "gpt", "electra", "spanbert")
 
 
 def make_module(family: str, config: TransformerConfig) -> nn.Module:
@@ -26,6 +27,8 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
         return BertModel(config)
     if family == "electra":
         return ElectraDiscriminator(config)
+    if family == "spanbert":
+        return SpanBertModel(config)
     if family == "t5":
         return EncoderDecoder(config)
     if family == "gpt":
@@ -37,7 +40,7 @@ def make_model(family: str, config: TransformerConfig,
                loss: LossConfig | None = None) -> Model:
     """The family's model wrapper (init / loss_fn / score) around its module."""
     classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
-               "electra": ElectraPretrainingModel}
+               "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel}
     if family not in classes:
         raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
     return classes[family](config) if loss is None else classes[family](config, loss)
@@ -47,7 +50,7 @@ def example_inputs(family: str, batch: int = 2, length: int = 16,
                    target_length: int = 8, max_predictions: int = 4) -> Dict[str, jax.Array]:
     """Keyword inputs of the right shapes for `make_module(family, ...)`."""
     tokens = lambda n: jnp.ones((batch, n), jnp.int32)  # noqa: E731
-    if family == "bert":
+    if family in ("bert", "spanbert"):
         return {"encoder_input_tokens": tokens(length), "token_type_ids": tokens(length) * 0,
                 "masked_positions": jnp.zeros((batch, max_predictions), jnp.int32)}
     if family == "electra":

@@ -42,6 +42,7 @@ class TransformerConfig:
 
     position_embedding: str = "relative"  # learned | sinusoidal | relative | rotary | none
     max_length: int = 512             # rows of the learned/sinusoidal position table
+    position_offset: int = 0          # Encoder positions start here (RoBERTa: pad id + 1 = 2)
     relative_buckets: int = 32
     relative_max_distance: int = 128
     rotary_base: float = 10000.0

@@ -101,6 +101,8 @@ class Encoder(nn.Module):
         cfg = self.config
         if positions is None:
             positions = _default_positions(input_tokens)
+        if cfg.position_offset:
+            positions = positions + cfg.position_offset
         if self.embedder is not None:
             x = self.embedder(input_tokens, positions, token_type_ids, deterministic)
         else:

@@ -34,8 +34,11 @@ CONVERTERS = {
 }
 # Objective gin names (configs/objectives) -> the task suffix registered for each corpus.
 OBJECTIVE_TASKS = {"span_3_15_u_u": "span_corruption", "causal_lm": "lm",
-                   "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm", "bert_ltr": "ltr"}
-NO_NSP_OBJECTIVES = ("bert_mlm", "bert_ltr")   # BERT-family objectives without NSP
+                   "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm", "bert_ltr": "ltr",
+                   "roberta_full_sentences": "roberta", "albert_ngram_sop": "albert",
+                   "spanbert_span_sbo": "spanbert", "electra_rtd": "mlm"}
+NO_NSP_OBJECTIVES = ("bert_mlm", "bert_ltr", "roberta_full_sentences",  # BERT-family
+                     "spanbert_span_sbo", "electra_rtd")                 # objectives, no NSP
 
 
 def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[str]) -> str:
