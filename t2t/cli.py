@@ -155,6 +155,42 @@ def read_input_lines(path: Optional[str]) -> List[str]:
     return lines
 
 
+def cmd_convert(args) -> int:
+    """`t2t convert SRC OUT`: a Hugging Face directory (BERT, RoBERTa, ALBERT, ELECTRA,
+    DistilBERT, GPT-2, T5) read and written back by t2t, or a t2t MODEL_DIR (its config.gin
+    and latest checkpoint) written as Hugging Face `--model_type` directories."""
+    from t2t.convert import pretrained as hf_pretrained
+    if os.path.isfile(os.path.join(args.src, "config.json")):
+        models = {"model": hf_pretrained.load_pretrained(args.src)}
+    else:
+        from t2t import gin_utils
+        from t2t.nn.config import TransformerConfig
+        from t2t.train.finetune import restore_params
+        if not args.model_type:
+            raise UserError(f"{args.src!r} is a t2t MODEL_DIR: name the Hugging Face family "
+                            f"with --model_type ({', '.join(hf_pretrained.SUPPORTED)})")
+        config_gin = os.path.join(args.src, "config.gin")
+        if not os.path.exists(config_gin):
+            raise UserError(f"{args.src!r} has neither config.json (Hugging Face) nor "
+                            "config.gin (a t2t MODEL_DIR)")
+        gin_utils.parse([config_gin], [])
+        params = restore_params(args.src, step=args.step)
+        vocab = params["token_embedder"]["embedding"].shape[0]
+        config = TransformerConfig().replace(vocab_size=vocab)
+        generator = None
+        if args.model_type == "electra":
+            from t2t.models.electra import ElectraPretrainingModel
+            generator = ElectraPretrainingModel(config).generator_config
+        models = hf_pretrained.from_t2t(args.model_type, config, params, generator)
+    for name, model in models.items():
+        out = args.out if len(models) == 1 else os.path.join(args.out, name)
+        hf_pretrained.save_pretrained(model, out)
+        import jax
+        count = sum(x.size for x in jax.tree.leaves(model.params))
+        print(f"{out}: {model.architecture} ({model.model_type}), {count:,d} parameters")
+    return 0
+
+
 def cmd_ablate(args) -> int:
     """`t2t ablate configs/ablations/t5_table2.gin --scale=tiny`: run (or resume) every
     cell of the grid, then render its table and plot into --docs_dir."""
@@ -240,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the cells and exit")
     p.add_argument("--render_only", action="store_true", help="render what has finished")
     p.set_defaults(func=cmd_ablate)
+    p = sub.add_parser("convert", help="Hugging Face directory or t2t MODEL_DIR -> Hugging "
+                       "Face directory (load_pretrained / save_pretrained)")
+    p.add_argument("src", help="a Hugging Face model directory or a t2t MODEL_DIR")
+    p.add_argument("out", help="where the Hugging Face directory (or directories) go")
+    p.add_argument("--model_type", help="for a MODEL_DIR: bert, roberta, albert, electra, "
+                   "distilbert, gpt2 or t5")
+    p.add_argument("--step", type=int, help="for a MODEL_DIR: checkpoint step (latest)")
+    p.set_defaults(func=cmd_convert)
     sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
     sub.add_parser("launch", help="run a command on Cloud TPU slices (t2t launch --help)")
     return parser

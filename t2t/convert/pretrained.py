@@ -194,3 +194,37 @@ def pretrained(model_type: str, config: TransformerConfig, params,
     pad = (1 if model_type == "roberta" else 0) if pad_token_id is None else pad_token_id
     return PretrainedModel(model_type, architecture or ARCHITECTURES[model_type], config,
                            hf._tree(params), pad)
+
+
+# What each HF class holds of a t2t BertModel tree (the rest, e.g. an unused NSP head, is
+# dropped on export).
+_KEEP = {"roberta": ("token_embedder", "encoder", "mlm_head"),
+         "distilbert": ("token_embedder", "encoder", "mlm_head")}
+
+
+def from_t2t(model_type: str, config: TransformerConfig, params,
+             generator: Optional[TransformerConfig] = None) -> Dict[str, PretrainedModel]:
+    """t2t training params -> {name: PretrainedModel} for `save_pretrained`.
+
+    BertModel trees give one model ("model"); an ELECTRA pretraining tree (see
+    `t2t.models.electra.ElectraPretraining`, with its `generator` config) gives
+    "generator" (ElectraForMaskedLM) and "discriminator" (ElectraForPreTraining), each
+    with the shared embeddings.
+    """
+    p = hf._tree(params)
+    if model_type == "electra" and "generator" in p:
+        if generator is None:
+            raise PretrainedError("an ELECTRA pretraining tree needs the generator's config")
+        e = config.embedding_dim or config.d_model
+        shared = {"token_embedder": p["token_embedder"]}
+
+        def encoder(stack):
+            return {"embedder": p["embedder"], **p[stack]}
+        disc = {**shared, "encoder": encoder("discriminator"), "rtd_head": p["rtd_head"]}
+        gen = {**shared, "encoder": encoder("generator"), "mlm_head": p["generator_head"]}
+        d_cfg = config.replace(embedding_dim=e, project_summed_embeddings=True)
+        return {"generator": pretrained("electra", generator, gen, "ElectraForMaskedLM"),
+                "discriminator": pretrained("electra", d_cfg, disc, "ElectraForPreTraining")}
+    if model_type in _KEEP:
+        p = {k: v for k, v in p.items() if k in _KEEP[model_type]}
+    return {"model": pretrained(model_type, config, p)}

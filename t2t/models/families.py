@@ -10,6 +10,7 @@ import numpy as np
 
 from t2t.models.base import LossConfig, Model
 from t2t.models.bert import BertModel, BertPretrainingModel
+from t2t.models.distill import DistillationModel, distill_teacher
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.gpt import DecoderOnlyModel
 from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
@@ -17,7 +18,7 @@ from t2t.models.t5 import EncoderDecoderModel
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import Decoder, EncoderDecoder
 
-FAMILIES = ("bert", "t5", "gpt", "electra", "spanbert")
+FAMILIES = ("bert", "t5", "gpt", "electra", "spanbert", "distill")
 
 
 def make_module(family: str, config: TransformerConfig) -> nn.Module:
@@ -29,6 +30,8 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
         return ElectraDiscriminator(config)
     if family == "spanbert":
         return SpanBertModel(config)
+    if family == "distill":      # the student; its size follows the teacher's
+        return BertModel(config)
     if family == "t5":
         return EncoderDecoder(config)
     if family == "gpt":
@@ -39,6 +42,8 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
 def make_model(family: str, config: TransformerConfig,
                loss: LossConfig | None = None) -> Model:
     """The family's model wrapper (init / loss_fn / score) around its module."""
+    if family == "distill":      # a DistilBERT student of the gin-bound teacher
+        return DistillationModel(distill_teacher(), loss or LossConfig(z_loss=0.0))
     classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
                "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel}
     if family not in classes:
@@ -50,7 +55,7 @@ def example_inputs(family: str, batch: int = 2, length: int = 16,
                    target_length: int = 8, max_predictions: int = 4) -> Dict[str, jax.Array]:
     """Keyword inputs of the right shapes for `make_module(family, ...)`."""
     tokens = lambda n: jnp.ones((batch, n), jnp.int32)  # noqa: E731
-    if family in ("bert", "spanbert"):
+    if family in ("bert", "spanbert", "distill"):
         return {"encoder_input_tokens": tokens(length), "token_type_ids": tokens(length) * 0,
                 "masked_positions": jnp.zeros((batch, max_predictions), jnp.int32)}
     if family == "electra":

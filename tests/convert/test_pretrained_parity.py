@@ -157,3 +157,32 @@ def test_not_a_directory_and_no_head(tmp_path):
         m.logits(np.ones((1, 4), np.int32))
     with pytest.raises(PretrainedError, match="'xlnet' is not supported"):
         pretrained("xlnet", m.config, m.params)
+
+
+def test_electra_pretraining_tree_exports_both_models(tmp_path):
+    """A t2t ELECTRA (generator + discriminator, shared embeddings) -> two HF directories
+    whose logits equal t2t's generator MLM and discriminator RTD outputs."""
+    import flax.linen as nn
+    from t2t.convert.pretrained import from_t2t
+    from t2t.models.electra import ElectraPretraining, ElectraPretrainingModel
+    hf_cfg = transformers.ElectraConfig(vocab_size=V, embedding_size=16,
+                                        max_position_embeddings=40, **SMALL)
+    config = convert.bert_config(hf_cfg.to_dict()).replace(
+        embedding_dim=16, project_summed_embeddings=True)
+    model = ElectraPretrainingModel(config, generator_size=0.5)
+    ids, mask = _batch(0)
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), {
+        "encoder_input_tokens": ids, "masked_positions": np.zeros((3, 2), np.int32)}))
+    out = from_t2t("electra", config, params, model.generator_config)
+    positions = np.broadcast_to(np.arange(L), ids.shape).astype(np.int32)
+    apply = lambda method, *a: np.asarray(model.module.apply(  # noqa: E731
+        {"params": params}, *a, method=method))
+    want = {"generator": apply(ElectraPretraining.generate, ids, positions, mask),
+            "discriminator": apply(ElectraPretraining.discriminate, ids, mask)}
+    classes = {"generator": transformers.ElectraForMaskedLM,
+               "discriminator": transformers.ElectraForPreTraining}
+    real = mask.astype(bool)
+    for name, m in out.items():
+        convert.save_pretrained(m, tmp_path / name)
+        ref = _hf_logits(classes[name].from_pretrained(tmp_path / name).eval(), ids, mask)
+        assert np.abs(ref - want[name])[real].max() < TOL, name
