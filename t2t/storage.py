@@ -2,9 +2,9 @@
 
 Every file t2t writes under MODEL_DIR goes through `etils.epath` (which orbax uses too):
 local paths as they are, `gs://` through gcsfs (the `gcs` extra; `s3://` needs s3fs).
-Checkpoint arrays go through tensorstore, which speaks gs:// itself; TensorBoard event files
-through tensorboardX's own gs:// writer. Object stores cannot append to a file, so files that
-grow (metrics.jsonl) are rewritten whole; see `t2t.train.logging`.
+Checkpoint arrays go through tensorstore, which speaks gs:// itself. Object stores cannot
+append to a file, so files that grow (metrics.jsonl, TensorBoard event files) are rewritten
+whole now and then; see `t2t.train.logging`.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from t2t.errors import UserError
 
 PathLike = Union[str, os.PathLike]
 # What each bucket scheme needs installed, and the pip line that installs it.
-_NEEDS = {"gs": (("gcsfs", "google.cloud.storage"), "pip install 't2t[gcs]' (gcsfs)"),
+_NEEDS = {"gs": (("gcsfs",), "pip install 't2t[gcs]' (gcsfs)"),
           "s3": (("s3fs",), "pip install s3fs")}
 
 

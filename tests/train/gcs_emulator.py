@@ -22,6 +22,20 @@ class _QuietServer(http.server.HTTPServer):
             super().handle_error(request, client_address)
 
 
+def _with_generation_headers(download):
+    """GCS answers a media download with the object's generation in `x-goog-generation`
+    (tensorstore reads it); the emulator leaves it out."""
+    def handler(request, response, storage, *args, **kwargs):
+        download(request, response, storage, *args, **kwargs)
+        try:
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        except Exception:                               # not found: the 404 stands
+            return
+        response["x-goog-generation"] = str(obj["generation"])
+        response["x-goog-metageneration"] = str(obj["metageneration"])
+    return handler
+
+
 @contextlib.contextmanager
 def emulated_gcs():
     """Yields "gs://BUCKET" backed by a fresh in-memory emulator."""
@@ -34,6 +48,13 @@ def emulated_gcs():
                        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
         patch.setenv(key, value)
     patch.setattr(emulator, "server", types.SimpleNamespace(HTTPServer=_QuietServer))
+    original = emulator.objects.download
+    download = _with_generation_headers(original)
+    patch.setattr(emulator.objects, "download", download)   # objects.get(alt=media) calls it
+    for _, handlers in emulator.HANDLERS:                   # the routes that name it
+        for method, handler in list(handlers.items()):
+            if handler is original:
+                patch.setitem(handlers, method, download)
     logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
     gcs = emulator.create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
     gcs.start()
