@@ -1,0 +1,481 @@
+"""Your own files as t2t data: globs, plain text, JSONL/TSV/CSV records, SQuAD JSON, CoNLL.
+
+Two kinds of source, both random access (``__len__``/``__getitem__``) with ``where(i)``,
+the file and line of record ``i``:
+
+* `TextDocuments` (pretraining): documents of plain text files (``.gz`` too), one per
+  blank-line-separated paragraph (``documents="files"``: one per file), their lines the
+  sentences BERT's NSP pairs; or of JSONL files, one per line (its ``field``). Lazy: lines
+  are memory-mapped and decoded on access; a line that is not UTF-8 is left out of its
+  document and counted (``undecodable_lines``).
+* `RecordFiles` (fine-tuning): the records of JSONL, TSV or CSV files (a header row names
+  the columns), SQuAD-format JSON or CoNLL tagging files, read once and checked: a bad
+  line is counted under its reason in ``bad`` (`BadLines`) and never reaches training or
+  evaluation.
+
+Reasons: ``undecodable`` (not UTF-8, not JSON, a row with the wrong number of columns),
+``missing_field``, ``empty`` (a blank line, an empty field); ``truncated`` is counted when
+examples are cut to the feature lengths (`t2t.data.data_report`). A missing file or a glob
+that matches nothing is an `InputFileError` naming it.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import glob
+import gzip
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from t2t.data.sources import InvalidRecord, _LineIndex
+from t2t.errors import InputFileError
+
+BAD_REASONS = ("undecodable", "missing_field", "empty", "truncated")
+Patterns = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def expand(patterns: Patterns, what: str = "files") -> list[str]:
+    """Files of globs, paths or directories (every file under them), in order, each once.
+    ``what`` names the setting in errors ("TRAIN_FILES: 'data/*.jsonl' matches no file")."""
+    if patterns is None or patterns == "" or patterns == []:
+        raise InputFileError(f"{what} is not set: give a file, a glob or a directory")
+    items = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
+    out: list[str] = []
+    for item in items:
+        pattern = os.path.expanduser(str(item))
+        if glob.has_magic(pattern):
+            found = [p for p in sorted(glob.glob(pattern, recursive=True)) if os.path.isfile(p)]
+            if not found:
+                raise InputFileError(f"{what}: {pattern!r} matches no file")
+        elif os.path.isdir(pattern):
+            found = sorted(os.path.join(root, name) for root, dirs, names in os.walk(pattern)
+                           for name in names if not name.startswith("."))
+            if not found:
+                raise InputFileError(f"{what}: directory {pattern!r} has no file")
+        elif os.path.isfile(pattern):
+            found = [pattern]
+        else:
+            raise InputFileError(f"{what}: no such file {pattern!r}")
+        out += [p for p in found if p not in out]
+    return out
+
+
+def file_format(path: str) -> str:
+    """"jsonl", "json", "tsv", "csv", "conll" or "text", by extension (``.gz`` ignored)."""
+    name = path[:-3] if path.endswith(".gz") else path
+    ext = os.path.splitext(name)[1].lower()
+    return {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".tsv": "tsv",
+            ".csv": "csv", ".conll": "conll", ".iob": "conll", ".bio": "conll"}.get(ext, "text")
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's bytes, gunzipped when it ends in ``.gz``."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        return f.read()
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """Lines without their ``\\n``/``\\r\\n``; no line after a final newline."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+@dataclasses.dataclass
+class BadLines:
+    """Bad lines by reason, with the first of each (``"file:line"``) for the messages."""
+
+    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    first: dict = dataclasses.field(default_factory=dict)       # reason -> "file:line: why"
+
+    def add(self, reason: str, where: str, why: str = "") -> None:
+        self.counts[reason] += 1
+        self.first.setdefault(reason, f"{where}: {why or reason.replace('_', ' ')}")
+
+    def merge(self, other: BadLines) -> None:
+        self.counts.update(other.counts)
+        for reason, where in other.first.items():
+            self.first.setdefault(reason, where)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def first_any(self) -> str | None:
+        """The first bad line of the most frequent reason."""
+        return self.first[self.counts.most_common(1)[0][0]] if self.counts else None
+
+
+# ----------------------------------------------------------------------------- pretraining text
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“‘(\[]?[A-Z0-9À-ÖØ-Þ])")
+
+
+def sentences(lines: Sequence[str]) -> list[str]:
+    """The sentences of a document's lines: each line, split after ``.!?`` before a capital."""
+    return [s for line in lines for s in _SENTENCE_END.split(line.strip()) if s]
+
+
+class TextDocuments:
+    """Documents of plain text or JSONL files: ``{"id": "file:line", "text", "sentences"}``.
+
+    Plain text: ``documents="paragraphs"`` (default) makes each run of non-blank lines a
+    document (a file without blank lines is one), ``"files"`` each file. JSONL: each
+    line's ``field`` (``"text"`` by default). One pass at construction checks every line:
+    bad ones (a JSONL line that is not JSON or lacks the field, a line that is not UTF-8,
+    which plain text documents leave out) are counted in ``bad``; indices cover the good
+    documents only, decoded again on access from the memory-mapped files.
+    """
+
+    def __init__(self, paths: Sequence[str], field: str | None = None,
+                 documents: str = "paragraphs"):
+        if documents not in ("paragraphs", "files"):
+            raise ValueError(f"documents must be 'paragraphs' or 'files', not {documents!r}")
+        self.paths, self.field, self.documents = list(paths), field or "text", documents
+        kinds = {file_format(p) for p in self.paths}
+        if kinds & {"tsv", "csv", "conll"}:
+            raise InputFileError("TEXT_FILES: pretraining reads plain text (.txt, .gz) or "
+                                 "JSONL (.jsonl with TEXT_FIELD), not TSV/CSV/CoNLL files")
+        self.jsonl = kinds <= {"jsonl", "json"}
+        if not self.jsonl and kinds & {"jsonl", "json"}:
+            raise InputFileError("TEXT_FILES: a mix of JSONL and plain text files; give one kind")
+        self._index = _LineIndex(self.paths)
+        if self.jsonl:
+            self._first = np.arange(len(self._index), dtype=np.int64)
+            self._last = self._first
+        else:
+            self._first, self._last = self._paragraphs()
+        self.bad, self.lines = BadLines(), len(self._first)
+        keep = []
+        for i in range(len(self._first)):
+            record = self._record(i)
+            if isinstance(record, InvalidRecord):
+                self.bad.add(record.reason, self._where(i),
+                             _WHY.get(record.reason, f"no field {self.field!r}"))
+                continue
+            for j in record.get("undecodable_lines", ()):
+                self.bad.add("undecodable", self.line_where(j), "not UTF-8")
+            keep.append(i)
+        self._valid = np.asarray(keep, np.int64)
+        if not keep:
+            raise InputFileError(f"TEXT_FILES: no usable text in {self.paths[0]}"
+                                 + (f" and {len(self.paths) - 1} more" if self.paths[1:] else "")
+                                 + f" ({self.bad.first_any()})")
+
+    def _paragraphs(self) -> tuple[np.ndarray, np.ndarray]:
+        firsts, lasts = [], []
+        for f in range(len(self.paths)):
+            starts, ends = self._index._starts[f], self._index._ends[f]
+            offset = int(self._index._cumulative[f])
+            blank = ends - starts == 0
+            for j in np.flatnonzero((ends - starts > 0) & (ends - starts <= 8)):
+                blank[j] = not self._index.line(offset + int(j)).strip()
+            keep = np.flatnonzero(~blank)
+            if not len(keep):
+                continue
+            if self.documents == "files":
+                breaks = np.zeros(0, np.int64)
+            else:
+                breaks = np.flatnonzero(np.diff(keep) > 1)   # a blank line between
+            firsts.append(offset + keep[np.concatenate([[0], breaks + 1]).astype(np.int64)])
+            lasts.append(offset + keep[np.concatenate([breaks, [len(keep) - 1]]).astype(np.int64)])
+        if not firsts:
+            raise InputFileError(f"TEXT_FILES: {self.paths[0]}"
+                                 + (f" and {len(self.paths) - 1} more" if self.paths[1:] else "")
+                                 + " hold no text")
+        return np.concatenate(firsts).astype(np.int64), np.concatenate(lasts).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self._valid)
+
+    def where(self, index: int) -> str:
+        """``"file:line"`` of document ``index``'s first line (lines count from 1)."""
+        return self._where(int(self._valid[index]))
+
+    def _where(self, raw_index: int) -> str:
+        return self.line_where(int(self._first[raw_index]))
+
+    def line_where(self, line: int) -> str:
+        f = int(np.searchsorted(self._index._cumulative, line, side="right") - 1)
+        return f"{self.paths[f]}:{line - int(self._index._cumulative[f]) + 1}"
+
+    def __getitem__(self, index: int) -> dict:
+        return self._record(int(self._valid[index]))
+
+    def _record(self, raw_index: int) -> dict | InvalidRecord:
+        first, last = int(self._first[raw_index]), int(self._last[raw_index])
+        if self.jsonl:
+            return self._json_record(raw_index, self._index.line(first))
+        lines, bad = [], []
+        for j in range(first, last + 1):
+            raw = self._index.line(j)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(j)
+                continue
+            if line.strip():
+                lines.append(line)
+        if not lines:
+            return InvalidRecord("undecodable", b"")
+        return {"id": self._where(raw_index), "text": "\n".join(lines),
+                "sentences": sentences(lines), "undecodable_lines": bad}
+
+    def _json_record(self, raw_index: int, raw: bytes) -> dict | InvalidRecord:
+        if not raw.strip():
+            return InvalidRecord("empty", raw)
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return InvalidRecord("undecodable", raw)
+        if not isinstance(record, dict) or record.get(self.field) is None:
+            return InvalidRecord("missing_field", raw)
+        text = str(record[self.field])
+        if not text.strip():
+            return InvalidRecord("empty", raw)
+        return {"id": self._where(raw_index), "text": text,
+                "sentences": sentences(text.splitlines())}
+
+    def texts(self) -> Iterable[str]:
+        """Every good document's text, in order (what a vocabulary trains on)."""
+        return (self[i]["text"] for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"TextDocuments({len(self.paths)} files, len={len(self)})"
+
+
+_WHY = {"undecodable": "not UTF-8 or not valid JSON", "empty": "blank line or empty field"}
+
+
+# ----------------------------------------------------------------------------- labelled records
+
+
+class RecordFiles:
+    """The checked records of labelled files, in file order; bad lines counted in ``bad``.
+
+    JSONL (one object per line), TSV and CSV (the first row names the columns; TSV is
+    split on tabs, CSV quoted as Excel writes it), a JSON file holding a list of objects,
+    SQuAD-format JSON (``{"data": [{"paragraphs": [{"context", "qas"}]}]}`` -> records
+    ``{"id", "question", "context", "answers": {"text", "answer_start"}}``) and CoNLL
+    (a token and its tag per line, the tag last; blank lines end sentences; records
+    ``{"tokens", "tags"}``). ``required`` fields must be present and non-empty.
+    """
+
+    def __init__(self, paths: Sequence[str], required: Sequence[str] = (),
+                 optional: Sequence[str] = ()):
+        self.paths, self.required = list(paths), tuple(required)
+        self.optional = tuple(optional)
+        self.bad = BadLines()
+        self.lines = 0                        # lines (or SQuAD questions) read
+        self.fields_seen: list[str] = []      # the first record's fields, for messages
+        self.records: list[dict] = []
+        self.wheres: list[str] = []
+        formats = {self.kind(p) for p in self.paths}
+        if len(formats) > 1:
+            raise InputFileError(f"{self.paths[0]} and the other files differ in format "
+                                 f"({', '.join(sorted(formats))}); give files of one kind")
+        self.format = formats.pop()
+        for path in self.paths:
+            self._read(path)
+
+    @staticmethod
+    def kind(path: str) -> str:
+        """The file's format; a ``.json`` file is "squad" when it holds a ``data`` list."""
+        fmt = file_format(path)
+        if fmt == "json":
+            head = read_bytes(path)[:4096].lstrip()
+            if head.startswith(b"{") and b'"data"' in head:
+                return "squad"
+            return "json" if head.startswith(b"[") else "jsonl"
+        return "jsonl" if fmt == "text" else fmt
+
+    def _read(self, path: str) -> None:
+        data = read_bytes(path)
+        reader = {"jsonl": self._jsonl, "tsv": self._tsv, "csv": self._csv,
+                  "json": self._json_list, "squad": self._squad, "conll": self._conll}
+        reader[self.format](path, data)
+
+    def _accept(self, record: Any, where: str) -> None:
+        """Checks ``record``'s required fields; keeps it or counts why not."""
+        self.lines += 1
+        if not isinstance(record, dict):
+            self.bad.add("undecodable", where, "not a JSON object")
+            return
+        if not self.fields_seen:
+            self.fields_seen = list(record)
+        for name in self.required + tuple(f for f in self.optional if f in record):
+            value = record.get(name)
+            if value is None:
+                self.bad.add("missing_field", where, f"no field {name!r}")
+                return
+            if isinstance(value, str) and not value.strip():
+                self.bad.add("empty", where, f"field {name!r} is empty")
+                return
+        self.records.append(record)
+        self.wheres.append(where)
+
+    def _jsonl(self, path: str, data: bytes) -> None:
+        for n, raw in enumerate(_lines(data), 1):
+            where = f"{path}:{n}"
+            if not raw.strip():
+                self.lines += 1
+                self.bad.add("empty", where, "blank line")
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                self.lines += 1
+                self.bad.add("undecodable", where, "not UTF-8")
+                continue
+            except ValueError as e:
+                self.lines += 1
+                self.bad.add("undecodable", where, f"not valid JSON ({e.msg})")
+                continue
+            self._accept(record, where)
+
+    def _json_list(self, path: str, data: bytes) -> None:
+        records = _load_json(path, data)
+        if not isinstance(records, list):
+            raise InputFileError(f"{path}: a .json file must hold a list of records or "
+                                 "SQuAD's {\"data\": [...]}")
+        for n, record in enumerate(records):
+            self._accept(record, f"{path}: record {n}")
+
+    def _table(self, path: str, rows: Sequence[tuple[int, list[str] | None]], sep: str
+               ) -> None:
+        header = None
+        for n, row in rows:
+            where = f"{path}:{n}"
+            if row is None:
+                self.lines += 1
+                self.bad.add("undecodable", where, "not UTF-8")
+                continue
+            if header is None:
+                header = [h.strip() for h in row]
+                continue
+            if not any(cell.strip() for cell in row):
+                self.lines += 1
+                self.bad.add("empty", where, "blank line")
+                continue
+            if len(row) != len(header):
+                self.lines += 1
+                self.bad.add("undecodable", where, f"{len(row)} {sep}-separated columns, the "
+                             f"header has {len(header)}")
+                continue
+            self._accept(dict(zip(header, row)), where)
+        if header is None:
+            raise InputFileError(f"{path} is empty: a {sep.upper()} file starts with a header "
+                                 "row naming its columns")
+
+    def _tsv(self, path: str, data: bytes) -> None:
+        rows = []
+        for n, raw in enumerate(_lines(data), 1):
+            try:
+                rows.append((n, raw.decode("utf-8").split("\t")))
+            except UnicodeDecodeError:
+                rows.append((n, None))
+        self._table(path, rows, "tsv")
+
+    def _csv(self, path: str, data: bytes) -> None:
+        text = data.decode("utf-8", errors="surrogateescape")
+        reader = csv.reader(io.StringIO(text, newline=""))
+        rows, start = [], 1
+        for row in reader:
+            undecodable = any(_has_surrogates(cell) for cell in row)
+            rows.append((start, None if undecodable else row))
+            start = reader.line_num + 1
+        self._table(path, rows, "csv")
+
+    def _squad(self, path: str, data: bytes) -> None:
+        content = _load_json(path, data)
+        articles = content.get("data") if isinstance(content, dict) else None
+        if not isinstance(articles, list):
+            raise InputFileError(f"{path}: SQuAD JSON needs a top-level \"data\" list")
+        for a, article in enumerate(articles):
+            for p, paragraph in enumerate((article or {}).get("paragraphs") or []):
+                context = paragraph.get("context")
+                for q, qa in enumerate(paragraph.get("qas") or []):
+                    where = f"{path}: data[{a}].paragraphs[{p}].qas[{q}]"
+                    if not isinstance(qa, dict):
+                        self._accept(qa, where)
+                        continue
+                    answers = qa.get("answers") or []
+                    record = {"id": qa.get("id", where), "question": qa.get("question"),
+                              "context": context,
+                              "answers": {"text": [x.get("text", "") for x in answers],
+                                          "answer_start": [int(x.get("answer_start", -1))
+                                                           for x in answers]},
+                              "is_impossible": bool(qa.get("is_impossible", not answers))}
+                    self._accept(record, where)
+
+    def _conll(self, path: str, data: bytes) -> None:
+        tokens: list[str] = []
+        tags: list[str] = []
+        start, broken = 0, None
+
+        def flush():
+            nonlocal tokens, tags, broken
+            if broken:
+                self.lines += 1
+                self.bad.add(*broken)
+            elif tokens:
+                self._accept({"tokens": tokens, "tags": tags}, f"{path}:{start}")
+            tokens, tags, broken = [], [], None
+
+        for n, raw in enumerate(_lines(data) + [b""], 1):
+            if not raw.strip():
+                flush()
+                continue
+            if not tokens and broken is None:
+                start = n
+            try:
+                columns = raw.decode("utf-8").split()
+            except UnicodeDecodeError:
+                broken = broken or ("undecodable", f"{path}:{n}", "not UTF-8")
+                continue
+            if columns[0] == "-DOCSTART-":
+                continue
+            if len(columns) < 2:
+                broken = broken or ("missing_field", f"{path}:{n}", "a token without a tag")
+                continue
+            tokens.append(columns[0])
+            tags.append(columns[-1])
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.records[index]
+
+    def where(self, index: int) -> str:
+        return self.wheres[index]
+
+    def __repr__(self) -> str:
+        return f"RecordFiles({len(self.paths)} {self.format} files, len={len(self)})"
+
+
+def _has_surrogates(text: str) -> bool:
+    return any("\udc80" <= c <= "\udcff" for c in text)
+
+
+def _load_json(path: str, data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise InputFileError(f"{path}:{line}: not UTF-8; convert the file, e.g. "
+                             "iconv -f latin1 -t utf-8") from None
+    except ValueError as e:
+        raise InputFileError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None

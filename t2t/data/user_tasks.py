@@ -1,0 +1,489 @@
+"""Tasks over your own files: `from_files` (fine-tuning) and `text_files_tasks` (pretraining).
+
+`from_files` reads labelled files (`t2t.data.user_files.RecordFiles`) into a `FinetuneTask`
+of one kind, decided by the files and the fields named:
+
+| kind | given | inputs -> targets (T5) | BERT head | default metrics |
+|---|---|---|---|---|
+| text_to_text | input_field, target_field | prefix + input -> target | - | bleu, chrf |
+| classification | text_field (+ text_pair_field), label_field | prefix + text -> label | SequenceClassifier | accuracy, f1_macro |
+| regression | the same, every label a number, some not whole | prefix + text -> "3.8" | Regressor | pearson, spearman |
+| span_qa | SQuAD-format .json | question: .. context: .. -> answer | SpanQA | squad (em, f1) |
+| tagging | CoNLL files (.conll, .iob, .bio) | - | TokenTagger | accuracy, f1 (entities) |
+
+The label set is read from the training files (sorted) unless given. The gin-wired
+`files_task` (configs/experiments/finetune_*_from_files.gin) registers such a task, saving
+its labels in MODEL_DIR/labels.json; `text_corpus` does the same for pretraining files.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+import numpy as np
+import sacrebleu
+
+from t2t.data import tasks as tasks_lib
+from t2t.data import user_files, vocab_training
+from t2t.data.benchmarks import (FinetuneTask, f1_with_invalid, macro_f1, squad_format,
+                                 squad_postprocess, string_to_float, text,
+                                 tokenize_text_to_text)
+from t2t.data.preprocessors import SkipExample
+from t2t.errors import ConfigError, InputFileError
+from t2t.evaluation import metrics as metrics_lib
+
+_log = logging.getLogger(__name__)
+
+KINDS = ("text_to_text", "classification", "regression", "span_qa", "tagging")
+DEFAULT_METRICS = {"text_to_text": ("bleu", "chrf"), "classification": ("accuracy", "f1_macro"),
+                   "regression": ("pearson", "spearman"), "span_qa": ("squad",),
+                   "tagging": ("accuracy", "f1")}
+LABELS_FILE = "labels.json"
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def chrf(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """sacrebleu's corpus chrF (character 6-grams, beta 2), 0-100."""
+    return {"chrf": float(sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score)}
+
+
+def exact_match(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """Share of predictions equal to their target after stripping spaces, in percent."""
+    same = [str(t).strip() == str(p).strip() for t, p in zip(targets, predictions)]
+    return {"exact_match": 100.0 * float(np.mean(same)) if same else 0.0}
+
+
+def entity_f1(targets: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]
+              ) -> dict[str, float]:
+    """CoNLL entity F1 over BIO tag sequences: an entity counts when its type and both
+    ends match exactly (as conlleval)."""
+    gold = {(i, *span) for i, tags in enumerate(targets) for span in bio_spans(tags)}
+    found = {(i, *span) for i, tags in enumerate(predictions) for span in bio_spans(tags)}
+    right = len(gold & found)
+    p, r = right / max(len(found), 1), right / max(len(gold), 1)
+    return {"f1": 100.0 * (2 * p * r / (p + r) if p + r else 0.0)}
+
+
+def bio_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
+    """(start, end exclusive, type) of the entities of a BIO (or IOB1) tag sequence."""
+    spans, start, kind = [], None, None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, _, name = str(tag).partition("-")
+        if start is not None and (prefix != "I" or name != kind):
+            spans.append((start, i, kind))
+            start = None
+        if prefix == "B" or (prefix == "I" and start is None):
+            start, kind = i, name
+    return spans
+
+
+def token_accuracy(targets: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]
+                   ) -> dict[str, float]:
+    """Share of tokens whose predicted tag is the gold one, in percent."""
+    pairs = [(t, p) for ts, ps in zip(targets, predictions) for t, p in zip(ts, ps)]
+    return {"accuracy": 100.0 * float(np.mean([t == p for t, p in pairs])) if pairs else 0.0}
+
+
+def metric_fns(names: Sequence[str], kind: str, num_classes: int = 0) -> tuple:
+    """The metric functions of ``names`` for a task of ``kind``; unknown names are a
+    ConfigError listing the valid ones."""
+    table: dict[str, Any] = {
+        "bleu": metrics_lib.bleu, "chrf": chrf, "rouge": metrics_lib.rouge,
+        "exact_match": exact_match, "squad": metrics_lib.squad,
+        "accuracy": metrics_lib.accuracy, "matthews": metrics_lib.matthews_corrcoef,
+        "f1_macro": functools.partial(macro_f1, num_classes=num_classes),
+        "f1": f1_with_invalid, "pearson": metrics_lib.pearson,
+        "spearman": metrics_lib.spearman}
+    if kind == "tagging":
+        table.update(accuracy=token_accuracy, f1=entity_f1)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ConfigError(f"METRICS: unknown metric {unknown[0]!r}; choose from "
+                          f"{', '.join(sorted(table))}")
+    return tuple(table[n] for n in names)
+
+
+def metric_names(metrics: str | Sequence[str] | None, kind: str) -> tuple[str, ...]:
+    """``METRICS`` as names: a list, a comma-separated string, or None (the kind's default)."""
+    if metrics is None or metrics == "" or metrics == []:
+        return DEFAULT_METRICS[kind]
+    if isinstance(metrics, str):
+        metrics = [m.strip() for m in metrics.split(",") if m.strip()]
+    return tuple(metrics)
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def _label_value(value: Any) -> str | float:
+    """A label as read: a number (JSON number or numeric string) as float, else a string."""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return str(value).strip()
+
+
+def label_name(value: Any) -> str:
+    """A class label as a string: whole numbers without ``.0`` (``1.0`` and ``"1"`` -> "1")."""
+    v = _label_value(value)
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def is_regression(values: Sequence[Any]) -> bool:
+    """Every label a number and some not whole (3.8): a regression target."""
+    parsed = [_label_value(v) for v in values]
+    return bool(parsed) and all(isinstance(v, float) for v in parsed) and any(
+        not v.is_integer() for v in parsed)
+
+
+def label_set(values: Sequence[Any]) -> tuple[str, ...]:
+    """The distinct class names, numbers in numeric order, then strings sorted."""
+    names = {label_name(v) for v in values}
+    numeric = sorted((n for n in names if _is_number(n)), key=float)
+    return tuple(numeric + sorted(n for n in names if not _is_number(n)))
+
+
+def _is_number(name: str) -> bool:
+    try:
+        float(name)
+        return True
+    except ValueError:
+        return False
+
+
+def read_labels(model_dir: str | None) -> tuple[str, ...] | None:
+    """MODEL_DIR/labels.json's label names (written by `save_labels`), or None."""
+    path = os.path.join(model_dir or "", LABELS_FILE)
+    if not model_dir or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return tuple(json.load(f)["labels"])
+
+
+def save_labels(model_dir: str, labels: Sequence[str], kind: str) -> None:
+    """Writes the label set beside the model's checkpoints (process 0's job)."""
+    from t2t import storage
+    path = storage.path(model_dir) / LABELS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": kind, "labels": list(labels)}, indent=1) + "\n")
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+def text_pair_format(record: Mapping, *, input_field: str, target_field: str,
+                     prefix: str) -> dict:
+    """``prefix + record[input_field]`` -> ``record[target_field]``."""
+    if record.get(input_field) is None or record.get(target_field) is None:
+        raise SkipExample("missing_field")
+    return {"inputs": prefix + text(record[input_field]),
+            "targets": text(record[target_field])}
+
+
+def classification_inputs(record: Mapping, text_field: str, pair_field: str | None,
+                          prefix: str) -> str:
+    """``prefix + text``, or ``prefix + "<text_field>: a <pair_field>: b"`` for pairs (T5)."""
+    if pair_field is None:
+        return prefix + text(record[text_field])
+    return (f"{prefix}{text_field}: {text(record[text_field])} "
+            f"{pair_field}: {text(record[pair_field])}")
+
+
+def label_format(record: Mapping, *, text_field: str, pair_field: str | None,
+                 label_field: str, prefix: str, labels: Sequence[str]) -> dict:
+    """Classification as text: inputs -> the label's name; ``label``: its index (-1 if
+    the label set lacks it)."""
+    name = label_name(record[label_field])
+    label = labels.index(name) if name in labels else -1
+    return {"inputs": classification_inputs(record, text_field, pair_field, prefix),
+            "targets": name, "label": label}
+
+
+def regression_format(record: Mapping, *, text_field: str, pair_field: str | None,
+                      label_field: str, prefix: str) -> dict:
+    """Regression as text (T5's STS-B): inputs -> the number, e.g. "3.8"."""
+    value = float(_label_value(record[label_field]))
+    return {"inputs": classification_inputs(record, text_field, pair_field, prefix),
+            "targets": f"{value:g}", "label": value}
+
+
+def encoder_pair(record: Mapping, *, text_field: str, pair_field: str | None,
+                 label_field: str, labels: Sequence[str] | None) -> tuple[str, str | None, Any]:
+    """(text a, text b or None, label index | float) for BERT's classification_examples."""
+    b = None if pair_field is None else text(record[pair_field])
+    if labels is None:
+        return text(record[text_field]), b, float(_label_value(record[label_field]))
+    name = label_name(record[label_field])
+    return text(record[text_field]), b, labels.index(name) if name in labels else -1
+
+
+class _Splits:
+    """Picklable ``split -> source`` over sources read already."""
+
+    def __init__(self, sources: Mapping[str, Any]):
+        self.sources = dict(sources)
+
+    def __call__(self, split: str) -> Any:
+        return self.sources[split]
+
+
+# ----------------------------------------------------------------------------- from_files
+
+SPLIT_MACROS = {"train": "TRAIN_FILES", "validation": "VALIDATION_FILES", "test": "TEST_FILES"}
+
+
+def task_kind(file_kind: str, input_field: str | None, target_field: str | None,
+              text_field: str | None, label_field: str | None) -> str:
+    """The task kind of files of ``file_kind`` with these fields (before the labels decide
+    classification or regression); a ConfigError when the fields name neither."""
+    if file_kind == "squad":
+        return "span_qa"
+    if file_kind == "conll":
+        return "tagging"
+    if input_field and target_field:
+        return "text_to_text"
+    if text_field and label_field:
+        return "classification"
+    raise ConfigError("name the fields: INPUT_FIELD and TARGET_FIELD (text-to-text), or "
+                      "TEXT_FIELD and LABEL_FIELD (classification)")
+
+
+def from_files(train_files: user_files.Patterns, validation_files: Any = None,
+               test_files: Any = None, *, input_field: str | None = None,
+               target_field: str | None = None, text_field: str | None = None,
+               text_pair_field: str | None = None, label_field: str | None = None,
+               task_prefix: str | None = None, metrics: Any = None,
+               vocabulary: Any = tasks_lib.bible_sentencepiece,
+               labels: Sequence[str] | None = None, name: str | None = None) -> FinetuneTask:
+    """A `FinetuneTask` over your labelled files (see the module docstring for the kinds).
+
+    Files are globs, paths or directories of JSONL, TSV/CSV (a header row), SQuAD JSON or
+    CoNLL; every split is read and checked now (bad lines counted in
+    ``task.bad_lines[split]``; a missing file, an empty glob or a split without one good
+    line is an InputFileError). ``labels``: the class names (default: those of the
+    training files). ``vocabulary`` tokenizes for text-to-text models (object or factory).
+    """
+    files = {"train": user_files.expand(train_files, "TRAIN_FILES")}
+    for split, patterns in (("validation", validation_files), ("test", test_files)):
+        if patterns:
+            files[split] = user_files.expand(patterns, SPLIT_MACROS[split])
+    kind = task_kind(user_files.RecordFiles.kind(files["train"][0]), input_field, target_field,
+                     text_field, label_field)
+    required = {"text_to_text": (input_field, target_field),
+                "classification": (text_field, label_field)}.get(kind, ())
+    optional = (text_pair_field,) if text_pair_field and kind == "classification" else ()
+    if optional:
+        required = required + optional
+    sources = {split: user_files.RecordFiles(paths, required) for split, paths in files.items()}
+    for split, source in sources.items():
+        _check_split(split, files[split], source, required)
+    if kind == "classification" and labels is None and is_regression(
+            [r[label_field] for r in sources["train"].records]):
+        kind = "regression"
+    prefix = task_prefix or ""
+    tok = tokenize_text_to_text
+    common: dict[str, Any] = {}
+    if kind == "text_to_text":
+        steps = [functools.partial(text_pair_format, input_field=input_field,
+                                   target_field=target_field, prefix=prefix), tok]
+    elif kind in ("classification", "regression"):
+        fields = dict(text_field=text_field, pair_field=text_pair_field, label_field=label_field)
+        if kind == "classification":
+            labels = _labels(labels, sources, label_field)
+            steps = [functools.partial(label_format, prefix=prefix, labels=labels, **fields), tok]
+            common = dict(label_names=labels)
+        else:
+            steps = [functools.partial(regression_format, prefix=prefix, **fields), tok]
+            common = dict(postprocess_fn=string_to_float)
+        common["encoder_pair_fn"] = functools.partial(encoder_pair, labels=labels, **fields)
+    elif kind == "span_qa":
+        steps, common = [squad_format, tok], dict(postprocess_fn=squad_postprocess)
+    else:
+        labels = labels or _tag_set(sources["train"])
+        steps, common = [], dict(label_names=labels)
+    names = metric_names(metrics, kind)
+    task = FinetuneTask(
+        name or f"from_files_{kind}", _Splits(sources), steps, vocabulary,
+        metric_fns(names, kind, len(labels or ())), splits=tuple(sources),
+        description=f"{kind} over {files['train'][0]}"
+                    + (f" and {len(files['train']) - 1} more" if files["train"][1:] else ""),
+        input_prefix=task_prefix or None, **common)
+    task.kind, task.files, task.metric_names = kind, files, names
+    task.bad_lines = {split: source.bad for split, source in sources.items()}
+    task.raw_lines = {split: source.lines for split, source in sources.items()}
+    task.fields = dict(input=input_field, target=target_field, text=text_field,
+                       text_pair=text_pair_field, label=label_field)
+    task.label_counts = _label_counts(task, sources["train"])
+    return task
+
+
+def _check_split(split: str, paths: Sequence[str], source: user_files.RecordFiles,
+                 required: Sequence[str]) -> None:
+    if len(source):
+        return
+    what = f"{SPLIT_MACROS[split]}: no usable line in {paths[0]}" + (
+        f" and {len(paths) - 1} more" if paths[1:] else "")
+    first = source.bad.first_any()
+    if source.bad.counts.get("missing_field") and source.fields_seen:
+        raise InputFileError(f"{what}: no line has field(s) {', '.join(map(repr, required))}; "
+                             f"the first line has {', '.join(map(repr, source.fields_seen))}")
+    raise InputFileError(f"{what} ({first or 'the files are empty'})")
+
+
+def _labels(given: Sequence[str] | None, sources: Mapping[str, Any], field: str
+            ) -> tuple[str, ...]:
+    found = label_set([r[field] for r in sources["train"].records])
+    if given is None:
+        if len(found) < 2:
+            raise InputFileError(f"TRAIN_FILES: every line has the label {found[0]!r}; "
+                                 "a classifier needs at least two labels")
+        return found
+    unknown = [n for n in found if n not in given]
+    if unknown:
+        raise InputFileError(f"TRAIN_FILES: label {unknown[0]!r} is not among the model's "
+                             f"labels {list(given)} (MODEL_DIR/{LABELS_FILE}); use a new "
+                             "MODEL_DIR to train on another label set")
+    return tuple(given)
+
+
+def _tag_set(source: user_files.RecordFiles) -> tuple[str, ...]:
+    tags = {t for r in source.records for t in r["tags"]}
+    return tuple(["O"] * ("O" in tags) + sorted(tags - {"O"}))
+
+
+def _label_counts(task: FinetuneTask, train: user_files.RecordFiles) -> dict | None:
+    """Training labels' counts (classification, tagging) or mean (regression)."""
+    field = task.fields["label"]
+    if task.kind == "classification":
+        return dict(collections.Counter(label_name(r[field]) for r in train.records))
+    if task.kind == "regression":
+        return {"mean": float(np.mean([_label_value(r[field]) for r in train.records]))}
+    if task.kind == "tagging":
+        return dict(collections.Counter(t for r in train.records for t in r["tags"]))
+    return None
+
+
+# ----------------------------------------------------------------------------- pretraining
+
+TEXT_CORPUS = "text_files"
+
+
+def text_files_tasks(documents_: user_files.TextDocuments, vocabulary: Any,
+                     corpus: str = TEXT_CORPUS) -> list[tasks_lib.Task]:
+    """The pretraining tasks of `t2t.data.tasks.bible_tasks` over your documents
+    (`TextDocuments`): ``<corpus>_span_corruption``, ``_lm``, ``_prefix_lm``, T5's
+    objective variants, and BERT's ``_mlm_nsp``, ``_mlm``, ``_ltr`` (the documents' lines'
+    sentences as BERT's), all with ``vocabulary``."""
+    paths = documents_.paths
+    source_fn = functools.partial(_same, documents_)
+    over = f"{paths[0]}" + (f" and {len(paths) - 1} more files" if paths[1:] else "")
+    tasks = tasks_lib.t5_objective_tasks(corpus, source_fn, [tasks_lib.tokenize], vocabulary,
+                                         over)
+    bert = tasks_lib.BertPretraining(source_fn, sentences_key="sentences")
+    tasks += [
+        tasks_lib.Task(f"{corpus}_mlm_nsp", source_fn, [bert], vocabulary,
+                       description=f"BERT MLM + NSP over {over}"),
+        tasks_lib.Task(f"{corpus}_mlm", source_fn, [bert], vocabulary,
+                       description=f"BERT MLM over {over}"),
+        tasks_lib.Task(f"{corpus}_ltr", source_fn,
+                       [functools.partial(tasks_lib.bert_ltr, sentences_key="sentences")],
+                       vocabulary, description=f"BERT left-to-right LM over {over}")]
+    for task in tasks:
+        task.files = {"train": paths}
+        task.bad_lines = {"train": documents_.bad}
+        task.raw_lines = {"train": documents_.lines}
+        task.kind = "pretraining"
+    return tasks
+
+
+def _same(source: Any) -> Any:
+    return source
+
+
+def text_vocabulary(paths: Sequence[str], documents: user_files.TextDocuments, family: str,
+                    vocabulary: str | None = None, vocab_size: int = 8000) -> Any:
+    """``vocabulary`` (a .model or vocab.txt path) if given, else one trained on the
+    documents: WordPiece for BERT, SentencePiece for T5 and GPT (cached by content)."""
+    if vocabulary:
+        if not os.path.isfile(vocabulary):
+            raise InputFileError(f"VOCABULARY: no such file {vocabulary!r} (a SentencePiece "
+                                 ".model or a WordPiece vocab.txt)")
+        return vocab_training.load(vocabulary)
+    if family == "bert":
+        return vocab_training.wordpiece_for(paths, documents.texts, vocab_size)
+    return vocab_training.sentencepiece_for(paths, documents.texts, vocab_size)
+
+
+# ----------------------------------------------------------------------------- gin
+
+
+@gin.configurable
+def text_corpus(text_files: Any = None, default: str = "bible_web", text_field: str = "text",
+                vocabulary: str | None = None, family: str = gin.REQUIRED,
+                model_dir: str | None = None, vocab_size: int = 8000,
+                documents: str = "paragraphs") -> str:
+    """`experiment.corpus` for pretraining: ``default`` (the bundled Bible) when
+    ``text_files`` is None, else ``text_files``: tasks over your files (`text_files_tasks`)
+    registered with a vocabulary given or trained on them, which is saved in ``model_dir``
+    for fine-tuning to find."""
+    if not text_files:
+        return default
+    paths = user_files.expand(text_files, "TEXT_FILES")
+    field = text_field if all(user_files.file_format(p) in ("jsonl", "json")
+                              for p in paths) else None
+    documents_ = user_files.TextDocuments(paths, field, documents)
+    vocab = text_vocabulary(paths, documents_, family, vocabulary, vocab_size)
+    for task in text_files_tasks(documents_, vocab):
+        tasks_lib.register_task(task, overwrite=True)
+    if model_dir:
+        import jax
+        if jax.process_index() == 0:
+            vocab_training.save(vocab, model_dir)
+    return TEXT_CORPUS
+
+
+@gin.configurable
+def files_task(train_files: Any = gin.REQUIRED, validation_files: Any = None,
+               test_files: Any = None, input_field: str | None = None,
+               target_field: str | None = None, text_field: str | None = None,
+               text_pair_field: str | None = None, label_field: str | None = None,
+               task_prefix: str | None = None, metrics: Any = None,
+               model_dir: str | None = None, initial_checkpoint: str | None = None) -> str:
+    """`from_files` registered as a task; its name. Text is tokenized with the vocabulary
+    saved in ``initial_checkpoint`` (a pretraining on your text), else the bundled Bible's
+    SentencePiece; the label set comes from ``model_dir``/labels.json when a run made it
+    already (so `t2t eval` and a resumed run keep the ids), else from the training files
+    and is saved there."""
+    vocabulary = vocab_training.saved(initial_checkpoint) or tasks_lib.bible_sentencepiece
+    labels = read_labels(model_dir)
+    task = from_files(train_files, validation_files, test_files, input_field=input_field,
+                      target_field=target_field, text_field=text_field,
+                      text_pair_field=text_pair_field, label_field=label_field,
+                      task_prefix=task_prefix, metrics=metrics, vocabulary=vocabulary,
+                      labels=labels, name="from_files")
+    tasks_lib.register_task(task, overwrite=True)
+    if model_dir and labels is None and task.label_names:
+        import jax
+        if jax.process_index() == 0:
+            save_labels(model_dir, task.label_names, task.kind)
+    return task.name
+
+
+@gin.configurable
+def saved_wordpiece(model_dir: str | None = None) -> str | None:
+    """MODEL_DIR/vocab.txt of a BERT pretrained on your text (or a Hugging Face
+    directory's), for `classifier_experiment.vocabulary`; None when there is none."""
+    path = os.path.join(model_dir or "", vocab_training.SAVED_WORDPIECE)
+    return path if model_dir and os.path.isfile(path) else None
