@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 ARCHIVE = "t2t-src.tar.gz"   # the packed checkout, copied into each worker's $HOME
 EXTRAS = "tpu,gcs"           # what the workers install: jax[tpu] and gs:// support
 RUNNING = "running"          # what `exit_code()` prints while the command runs
+NOT_STARTED = "not started"  # ... and when no command was started in ~/t2t
 
 
 def setup(extras: str = EXTRAS) -> str:
@@ -48,6 +49,6 @@ def show_log() -> str:
 
 def exit_code() -> str:
     """The command's exit status, `running`, or `not started`."""
-    return ("cd ~/t2t/.launch 2>/dev/null || { echo not started; exit 0; }; "
+    return (f"cd ~/t2t/.launch 2>/dev/null || {{ echo {NOT_STARTED}; exit 0; }}; "
             f"if [ -e exit_code ]; then cat exit_code; elif [ -e pid ]; then echo {RUNNING}; "
-            "else echo not started; fi")
+            f"else echo {NOT_STARTED}; fi")

@@ -111,21 +111,24 @@ class Launcher:
         """The queued resource's state; None when it does not exist."""
         return self.runner.output(self.slice.state())
 
-    def _check(self, code: int, what: str) -> None:
-        if code != 0:
-            raise LaunchError(f"{what} failed (gcloud exit {code}); see gcloud's message above")
+    def _check(self, codes: Sequence[int], what: str) -> None:
+        """A LaunchError if any of the calls' exit `codes` is not 0."""
+        bad = [c for c in codes if c != 0]
+        if bad:
+            raise LaunchError(f"{what} failed (gcloud exit {bad[0]}); see gcloud's message "
+                              "above")
 
     def acquire(self) -> None:
         """Make the queued resource exist and be ACTIVE (re-created if it was lost)."""
         state = self.state()
         if state in LOST:
             self.say(f"{self.slice.name} is {state}: deleting it to create it again")
-            self._check(self.runner.call(self.slice.delete()), "deleting the queued resource")
+            self._check([self.runner.call(self.slice.delete())], "deleting the queued resource")
             state = None
         if state is None:
             self.say(f"creating the queued resource {self.slice.name} (a NOT_FOUND above just "
                      "means it did not exist yet)")
-            self._check(self.runner.call(self.slice.create()), "creating the queued resource")
+            self._check([self.runner.call(self.slice.create())], "creating the queued resource")
         while state != ACTIVE:
             state = self.state()
             if state in LOST:
@@ -147,10 +150,10 @@ class Launcher:
                                           for n in self.slice.nodes])
         finally:
             archive.unlink(missing_ok=True)
-        self._check(max(codes), "copying the checkout to the workers")
+        self._check(codes, "copying the checkout to the workers")
         codes = self.runner.call_all([self.slice.ssh(n, remote.setup())
                                       for n in self.slice.nodes])
-        self._check(max(codes), "installing t2t on the workers")
+        self._check(codes, "installing t2t on the workers")
 
     # --------------------------------------------------------------------------- the job
     def env(self, slice_id: int, coordinator: Optional[str]) -> dict:
@@ -174,7 +177,7 @@ class Launcher:
         codes = self.runner.call_all([
             self.slice.ssh(node, remote.start(self.command, self.env(i, coordinator)))
             for i, node in enumerate(self.slice.nodes)])
-        self._check(max(codes), "starting the command on the workers")
+        self._check(codes, "starting the command on the workers")
 
     def follow(self) -> Optional[int]:
         """Stream worker 0's log until the command ends; its exit status, or None when the
@@ -194,6 +197,10 @@ class Launcher:
             status = self.runner.output(self.slice.ssh(node0, remote.exit_code(), worker="0"))
             if status is not None and status.isdigit():
                 return int(status)
+            if status == remote.NOT_STARTED:
+                raise LaunchError(f"the command never started on {node0} worker 0; see "
+                                  f"t2t launch logs --name {self.slice.name} --zone "
+                                  f"{self.slice.zone}")
             self.say(f"lost the log stream (worker 0 says {status!r}); re-attaching")
             time.sleep(self.poll_seconds)
 

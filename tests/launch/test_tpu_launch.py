@@ -2,6 +2,7 @@
 
 The fake runs each ssh command with bash for real in per-worker home directories, so these
 tests check the remote shell scripts themselves, quoting included."""
+import io
 import json
 import os
 import pathlib
@@ -13,6 +14,7 @@ import pytest
 
 from t2t.launch import cli, remote
 from t2t.launch.gcloud import LaunchError, Slice, accelerator_type
+from t2t.launch.tpu import DryRun, Launcher
 
 FAKE = pathlib.Path(__file__).with_name("fake_gcloud.py")
 # Values a run name or gin binding may hold that a shell would otherwise act on.
@@ -224,3 +226,15 @@ def test_accelerator_names():
     assert accelerator_type("v6e-64") == ("v6e-64", "v2-alpha-tpuv6e")
     with pytest.raises(LaunchError):
         Slice("j", "z", spot=True, reserved=True)
+
+
+def test_a_command_that_never_started_is_an_error_not_an_endless_wait():
+    class NeverStarted(DryRun):
+        def output(self, argv):
+            if argv[-1] == f"--command={remote.exit_code()}":
+                return remote.NOT_STARTED
+            return super().output(argv)
+
+    launcher = Launcher(Slice("j", "z"), ["t2t", "train"], NeverStarted(out=io.StringIO()))
+    with pytest.raises(LaunchError, match="never started on j worker 0"):
+        launcher.run()
