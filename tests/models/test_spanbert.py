@@ -37,7 +37,7 @@ def test_loss_is_mlm_plus_sbo_and_sbo_reads_only_boundaries():
     assert set(params["sbo_head"]) >= {"dense_0", "dense_1", "norm_0", "norm_1",
                                        "offset_embedder", "bias"}
     assert params["sbo_head"]["dense_0"]["kernel"].shape == (3 * 32, 32)
-    loss, m = model.loss_fn(params, batch)
+    loss, m = jax.jit(model.loss_fn)(params, batch)
     np.testing.assert_allclose(loss, m["mlm_loss"] + m["sbo_loss"], rtol=1e-6)
 
     def sbo_of_hidden(hidden):
