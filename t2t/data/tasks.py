@@ -583,26 +583,3 @@ def from_files(train_files: Any, validation_files: Any = None, test_files: Any =
     from t2t.data import user_tasks
     return user_tasks.from_files(train_files, validation_files, test_files, **kwargs)
 
-
-# The gin configurables behind TEXT_FILES and the *_from_files experiments.
-import t2t.data.user_tasks  # noqa: E402,F401
-
-
-def from_files(train_files: Any, validation_files: Any = None, test_files: Any = None,
-               **kwargs: Any) -> Any:
-    """A fine-tuning task over your own labelled files (globs, paths or directories of
-    JSONL, TSV/CSV with a header row, SQuAD JSON or CoNLL), each split read and checked
-    now: `t2t.data.user_tasks.from_files`, the function behind
-    configs/experiments/finetune_*_from_files.gin. Keywords: ``input_field`` and
-    ``target_field`` (text-to-text), or ``text_field`` (+ ``text_pair_field``) and
-    ``label_field`` (classification; regression when the labels are numbers, some not
-    whole), ``task_prefix``, ``metrics`` (names; default by kind), ``vocabulary``,
-    ``labels``, ``name``. Register it with `register_task` to use it by name::
-
-        task = from_files("data/train.jsonl", "data/dev.jsonl", "data/test.jsonl",
-                          input_field="en", target_field="fr", task_prefix="translate: ")
-        task.bad_lines["train"].counts   # Counter({'undecodable': 1, 'missing_field': 2})
-    """
-    from t2t.data import user_tasks
-    return user_tasks.from_files(train_files, validation_files, test_files, **kwargs)
-
