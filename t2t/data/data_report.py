@@ -38,6 +38,7 @@ class SplitReport:
     truncated: int = 0                    # examples cut to the feature lengths
     tokens: dict = dataclasses.field(default_factory=dict)   # feature -> tokens
     sampled: float = 1.0                  # share of the records scanned
+    unit: str = "lines"                   # what `lines` counts: "lines" | "documents"
     texts: list = dataclasses.field(default_factory=list, repr=False)  # for coverage
 
     @property
@@ -46,7 +47,8 @@ class SplitReport:
 
     def as_dict(self) -> dict[str, Any]:
         """The counts of metrics.json's "data" entry."""
-        out = {"files": len(self.files), "lines": self.lines, "examples": self.examples,
+        out = {"files": self.files[:100], "file_count": len(self.files),
+               self.unit: self.lines, "examples": self.examples,
                **{r: int(self.bad.counts.get(r, 0)) for r in COUNTED},
                "truncated": self.truncated, "tokens": dict(self.tokens)}
         if self.bad.total:
@@ -70,6 +72,8 @@ def scan(task: Any, split: str, converter: Any = None, *, encoder_vocabulary: An
     bad.merge(task.bad_lines.get(split, BadLines()))
     report = SplitReport(split, list(task.files.get(split, [])), task.raw_lines.get(split, 0),
                          0, bad)
+    if getattr(task, "kind", "") == "pretraining":
+        report.unit = "documents"
     indices = spread(len(source), limit)
     report.sampled = len(indices) / max(len(source), 1)
     if encoder_vocabulary is not None and getattr(task, "encoder_pair_fn", None):
@@ -191,7 +195,7 @@ def budget_lines(reports: Mapping[str, SplitReport], steps: int, batch_size: int
                if r.bad.total else "; no bad line")
         cut = f"; {_n(r.truncated, approx)} cut to the feature lengths" if r.truncated else ""
         lines.append(f"  {r.split:<10} {_n(r.examples, approx)} examples from {r.lines:,} "
-                     f"lines of {len(r.files)} file(s)" + (f"; tokens: {tokens}" if tokens
+                     f"{r.unit} of {len(r.files)} file(s)" + (f"; tokens: {tokens}" if tokens
                                                            else "") + bad + cut)
     train = reports.get("train")
     if train and train.examples and steps:
@@ -199,7 +203,7 @@ def budget_lines(reports: Mapping[str, SplitReport], steps: int, batch_size: int
         seen = rows * per_row
         lines.append(f"  packing: {per_row:.2f} examples per row")
         lines.append(f"  budget: {steps:,} steps x batch {batch_size} = {rows:,} rows "
-                     f"≈ {seen:,.0f} examples = {seen / train.examples:.1f} epochs of train")
+                     f"≈ {seen:,.0f} examples = {seen / train.examples:.2f} epochs of train")
     return lines
 
 
@@ -209,7 +213,7 @@ def warnings(reports: Mapping[str, SplitReport], lengths: Mapping[str, int] | No
     out = []
     for r in reports.values():
         if r.bad_share > BAD_SHARE:
-            out.append(f"warning: {r.bad.total:,} of the {r.lines:,} lines of {r.split} "
+            out.append(f"warning: {r.bad.total:,} of the {r.lines:,} {r.unit} of {r.split} "
                        f"({100 * r.bad_share:.1f}%) are bad and skipped; the first: "
                        f"{r.bad.first_any()}")
         if r.examples and r.truncated / r.examples > BAD_SHARE:

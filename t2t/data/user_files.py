@@ -99,23 +99,27 @@ class BadLines:
 
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     first: dict = dataclasses.field(default_factory=dict)       # reason -> "file:line: why"
+    earliest: str | None = None                                 # the first one added
 
     def add(self, reason: str, where: str, why: str = "") -> None:
         self.counts[reason] += 1
-        self.first.setdefault(reason, f"{where}: {why or reason.replace('_', ' ')}")
+        line = f"{where}: {why or reason.replace('_', ' ')}"
+        self.first.setdefault(reason, line)
+        self.earliest = self.earliest or line
 
     def merge(self, other: BadLines) -> None:
         self.counts.update(other.counts)
         for reason, where in other.first.items():
             self.first.setdefault(reason, where)
+        self.earliest = self.earliest or other.earliest
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
     def first_any(self) -> str | None:
-        """The first bad line of the most frequent reason."""
-        return self.first[self.counts.most_common(1)[0][0]] if self.counts else None
+        """The first bad line read (file order), with why it is bad."""
+        return self.earliest
 
 
 # ----------------------------------------------------------------------------- pretraining text
@@ -132,7 +136,8 @@ class TextDocuments:
     """Documents of plain text or JSONL files: ``{"id": "file:line", "text", "sentences"}``.
 
     Plain text: ``documents="paragraphs"`` (default) makes each run of non-blank lines a
-    document (a file without blank lines is one), ``"files"`` each file. JSONL: each
+    document (a file without blank lines is one), ``"files"`` each file; its ``text`` is
+    the lines joined by spaces (a vocabulary has no newline piece). JSONL: each
     line's ``field`` (``"text"`` by default). One pass at construction checks every line:
     bad ones (a JSONL line that is not JSON or lacks the field, a line that is not UTF-8,
     which plain text documents leave out) are counted in ``bad``; indices cover the good
@@ -230,7 +235,7 @@ class TextDocuments:
                 lines.append(line)
         if not lines:
             return InvalidRecord("undecodable", b"")
-        return {"id": self._where(raw_index), "text": "\n".join(lines),
+        return {"id": self._where(raw_index), "text": " ".join(line.strip() for line in lines),
                 "sentences": sentences(lines), "undecodable_lines": bad}
 
     def _json_record(self, raw_index: int, raw: bytes) -> dict | InvalidRecord:

@@ -272,8 +272,8 @@ def from_files(train_files: user_files.Patterns, validation_files: Any = None,
     Files are globs, paths or directories of JSONL, TSV/CSV (a header row), SQuAD JSON or
     CoNLL; every split is read and checked now (bad lines counted in
     ``task.bad_lines[split]``; a missing file, an empty glob or a split without one good
-    line is an InputFileError). ``labels``: the class names (default: those of the
-    training files). ``vocabulary`` tokenizes for text-to-text models (object or factory).
+    line is an InputFileError). ``task_prefix`` starts every input, a space after it.
+    ``labels``: the class names (default: those of the training files). ``vocabulary`` tokenizes for text-to-text models (object or factory).
     """
     files = {"train": user_files.expand(train_files, "TRAIN_FILES")}
     for split, patterns in (("validation", validation_files), ("test", test_files)):
@@ -292,7 +292,7 @@ def from_files(train_files: user_files.Patterns, validation_files: Any = None,
     if kind == "classification" and labels is None and is_regression(
             [r[label_field] for r in sources["train"].records]):
         kind = "regression"
-    prefix = task_prefix or ""
+    prefix = task_prefix.rstrip() + " " if task_prefix else ""   # "summarize:" + " " + text
     tok = tokenize_text_to_text
     common: dict[str, Any] = {}
     if kind == "text_to_text":
@@ -319,7 +319,7 @@ def from_files(train_files: user_files.Patterns, validation_files: Any = None,
         metric_fns(names, kind, len(labels or ())), splits=tuple(sources),
         description=f"{kind} over {files['train'][0]}"
                     + (f" and {len(files['train']) - 1} more" if files["train"][1:] else ""),
-        input_prefix=task_prefix or None, **common)
+        input_prefix=prefix or None, **common)
     task.kind, task.files, task.metric_names = kind, files, names
     task.bad_lines = {split: source.bad for split, source in sources.items()}
     task.raw_lines = {split: source.lines for split, source in sources.items()}

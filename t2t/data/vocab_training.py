@@ -164,10 +164,10 @@ def coverage(vocabulary: Any, texts: Iterable[str], max_missing: int = 8) -> Cov
         fallback += sum(1 for i in ids if is_fallback(int(i)))
     missing = []
     if fallback:
-        chars = collections.Counter(c for text in texts for c in text if not c.isspace())
+        chars = collections.Counter(c for text in texts for c in text if c != " ")
         for char, _ in chars.most_common():
-            if any(is_fallback(int(i)) for i in _encode(vocabulary, char)):
-                missing.append(char)
+            if any(is_fallback(int(i)) for i in _encode(vocabulary, f"a{char}a")):
+                missing.append(char if char.isprintable() else repr(char))
                 if len(missing) == max_missing:
                     break
     return Coverage(tokens, fallback, missing, kind)

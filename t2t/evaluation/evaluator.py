@@ -6,7 +6,10 @@ targets and predictions go through the task's ``postprocess`` (a label string ->
 -1 when unknown) before its ``metric_fns``. Encoder classifiers (``bert`` family, whose
 ``predict`` returns label ids [batch], or values for a regressor) get
 ``classification_examples`` features and their outputs are compared directly.
-``write_results`` saves ``metrics.json`` and a markdown table ``results.md``.
+``write_results`` saves ``metrics.json`` and a markdown table ``results.md``;
+``write_predictions`` each example's input, target and prediction (``predictions.jsonl``).
+A trivial baseline (`trivial_baseline`: copy the input for text-to-text, the training set's
+majority class for tasks that know their label counts) is scored on the same examples.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ import numpy as np
 from etils import epath
 
 from t2t import storage
-from t2t.data.benchmarks import FinetuneTask, classification_examples
+from t2t.data.benchmarks import FinetuneTask, classification_examples, spread
 from t2t.data.converters import EncDecConverter
+from t2t.data.sources import InvalidRecord
 from t2t.data.tasks import get_task
 
 
@@ -136,11 +140,52 @@ def predict_spans(model, params, features: Mapping[str, np.ndarray], *, batch_si
     return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
 
 
+def trivial_baseline(task: FinetuneTask) -> tuple[str, Any] | None:
+    """(name, what it predicts) of the trivial baseline of a task: the majority class of
+    the training labels (tasks with ``label_counts``: label name), or copying the input
+    without the task's prefix (text-to-text tasks without labels: None); None for others."""
+    if getattr(task, "label_names", None):
+        counts = getattr(task, "label_counts", None)
+        if not counts:
+            return None
+        name = max(counts, key=lambda k: (counts[k], -list(task.label_names).index(k)))
+        return f"majority class {name!r}", name
+    if task.postprocess_fn is None:
+        return "copy the input", None
+    return None
+
+
+def _copy_input(task: FinetuneTask, text: str) -> str:
+    prefix = getattr(task, "input_prefix", None)
+    return text[len(prefix):] if prefix and text.startswith(prefix) else text
+
+
+def _encoder_rows(task: FinetuneTask, split: str, max_examples: int | None) -> list[dict]:
+    """Input texts and target of the records `classification_examples` reads, in order."""
+    source = task.get_source(split)
+    out = []
+    for i in spread(len(source), max_examples):
+        record = source[i]
+        if isinstance(record, InvalidRecord):
+            continue
+        a, b, label = task.encoder_pair_fn(record)
+        out.append({"input": a if b is None else [a, b], "target": _label_text(task, label)})
+    return out
+
+
+def _label_text(task: FinetuneTask, label: Any) -> Any:
+    names = getattr(task, "label_names", None)
+    if names and isinstance(label, (int, np.integer)) and 0 <= int(label) < len(names):
+        return names[int(label)]
+    return float(label) if isinstance(label, (float, np.floating)) else label
+
+
 def evaluate(model, params, task: str | FinetuneTask, split: str = "validation", *,
              vocabulary: Any = None, batch_size: int = 32,
              max_decode_length: int | None = None, max_examples: int | None = None,
              sequence_length: Mapping[str, int] | None = None, max_length: int = 512,
-             prefix_lm: bool = True, **decode_options) -> dict[str, float]:
+             prefix_lm: bool = True, details: dict | None = None,
+             **decode_options) -> dict[str, float]:
     """Scores of ``model`` on ``task``'s ``split`` (``max_examples`` evenly spread
     over it, as ``benchmarks.spread``).
 
@@ -148,9 +193,12 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
     decoded with (default: the task's); for ``bert`` classifiers the WordPiece vocabulary
     (required), with inputs cut to ``max_length``. ``prefix_lm``: whether a ``gpt`` model
     sees its prompt bidirectionally (as T5's prefix LM) or causally. ``decode_options`` go
-    to ``model.predict`` (``strategy="beam"``, ``beam_size=4``, ...).
+    to ``model.predict`` (``strategy="beam"``, ``beam_size=4``, ...). ``details``, if
+    given, receives ``"rows"`` (``{"input", "target", "prediction"}`` per example) and,
+    when the task has one, ``"baseline"``: (name, scores) of `trivial_baseline`.
     """
     task = get_task(task) if isinstance(task, str) else task
+    baseline = trivial_baseline(task) if details is not None else None
     if not task.metric_fns:
         raise ValueError(f"task {task.name!r} has no metrics (an unlabelled split?)")
     if getattr(model, "family", None) == "gpt" and hasattr(model, "num_classes"):
@@ -162,6 +210,15 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
         features = classification_examples(task, split, vocabulary, max_length, max_examples)
         targets = features["label"] if "label" in features else features["target"]
         predictions = predict_labels(model, params, features, batch_size=batch_size)
+        if details is not None:
+            rows = _encoder_rows(task, split, max_examples)
+            for row, p in zip(rows, predictions.tolist()):
+                row["prediction"] = _label_text(task, p)
+            details["rows"] = rows
+            if baseline is not None:
+                guess = list(task.label_names).index(baseline[1])
+                details["baseline"] = (baseline[0], apply_metrics(
+                    task, targets.tolist(), [guess] * len(targets)))
         return apply_metrics(task, targets.tolist(), predictions.tolist())
     if vocabulary is not None and vocabulary is not task._vocabulary:
         task = task.with_vocabulary(vocabulary)
@@ -170,6 +227,15 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
                                 batch_size=batch_size, max_decode_length=max_decode_length,
                                 sequence_length=sequence_length, prefix_lm=prefix_lm,
                                 **decode_options)
+    if details is not None:
+        details["rows"] = [{"input": ex.get("inputs_pretokenized"),
+                            "target": ex.get("targets_pretokenized"), "prediction": p}
+                           for ex, p in zip(examples, predictions)]
+        if baseline is not None:
+            guesses = [baseline[1] if baseline[1] is not None else
+                       _copy_input(task, str(ex.get("inputs_pretokenized", "")))
+                       for ex in examples]
+            details["baseline"] = (baseline[0], compute_metrics(task, examples, guesses))
     return compute_metrics(task, examples, predictions)
 
 
@@ -197,12 +263,31 @@ def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def write_results(results: Mapping[str, Mapping[str, float]],
-                  out_dir: str | os.PathLike) -> tuple[epath.Path, epath.Path]:
-    """Writes ``metrics.json`` (all digits) and ``results.md`` (the table) into ``out_dir``
+                  out_dir: str | os.PathLike, extra: Mapping[str, Any] | None = None
+                  ) -> tuple[epath.Path, epath.Path]:
+    """Writes ``metrics.json`` (all digits; ``extra`` entries too, such as your data's
+    counts under "data") and ``results.md`` (the table of ``results``) into ``out_dir``
     (local or gs://); their paths."""
     out = storage.path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "metrics.json", out / "results.md"
-    json_path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    json_path.write_text(json.dumps({**results, **(extra or {})}, indent=2, sort_keys=True)
+                         + "\n")
     md_path.write_text(results_table(results))
     return json_path, md_path
+
+
+def write_predictions(rows: Mapping[str, Sequence[Mapping[str, Any]]],
+                      out_dir: str | os.PathLike) -> epath.Path:
+    """``predictions.jsonl`` in ``out_dir``: ``{"split", "input", "target", "prediction"}``
+    per example."""
+    path = storage.path(out_dir) / "predictions.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"split": split, **row}, ensure_ascii=False,
+                                       default=_plain) + "\n"
+                            for split, split_rows in rows.items() for row in split_rows))
+    return path
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else str(value)

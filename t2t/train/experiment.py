@@ -116,6 +116,10 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
 
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size) if trainer_fn
                else make_trainer(model, train_cfg))
+    if hasattr(first_task, "bad_lines"):   # your own files: say what the budget means
+        from t2t.data import data_report
+        data_report.announce(first_task, feature_converter, batch_size,
+                             trainer.config.train_steps, model_dir=trainer.config.model_dir)
     return Experiment(trainer, task_obj, feature_converter, batch_size,
                       tasks_lib.get_task(eval_task) if eval_task else None)
 

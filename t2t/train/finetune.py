@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import t2t.data.offline  # noqa: F401  registers the offline fine-tuning tasks
+import t2t.data.user_tasks  # noqa: F401  files_task, text_corpus: your own files
 from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
@@ -236,20 +237,39 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     on that many, evenly spread over the split (quick runs). `pooling` ("cls" | "last")
     and `bilstm_units` (a fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's
     LTR rows fine-tune with `TransformerConfig.encoder_causal = True` and "last" or a
-    BiLSTM."""
-    from t2t.models.classifiers import SequenceClassifier
+    BiLSTM. A regression task over your files (``task.kind == "regression"``) gets a
+    `Regressor` instead."""
+    from t2t.models.classifiers import Regressor, SequenceClassifier
     task_obj = tasks_lib.get_task(task)
-    if not getattr(task_obj, "label_names", None):
+    regression = getattr(task_obj, "kind", None) == "regression"
+    if not regression and not getattr(task_obj, "label_names", None):
         raise ValueError(f"task {task!r} has no label names: not a classification task")
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
-    model = SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
-                               bilstm_units=bilstm_units)
+    model = (Regressor(model_cfg) if regression else
+             SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
+                                bilstm_units=bilstm_units))
     train_cfg = TrainConfig()
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
                else experiment_lib.make_trainer(model, train_cfg))
+    if hasattr(task_obj, "bad_lines"):    # your own files: what the budget means
+        from t2t.data import data_report
+        data_report.announce(task_obj, None, batch_size, trainer.config.train_steps,
+                             encoder_vocabulary=wordpiece, max_length=max_length,
+                             model_dir=trainer.config.model_dir)
     return ClassifierExperiment(trainer, task_obj, None, batch_size, None, wordpiece,
                                 max_length, max_train_examples)
+
+
+@gin.configurable
+def bert_files_experiment(task: str = gin.REQUIRED,
+                          trainer_fn: Optional[Callable[..., Trainer]] = None
+                          ) -> ClassifierExperiment:
+    """The BERT experiment a task over your files needs: `span_qa_experiment` for
+    SQuAD-format files, else `classifier_experiment` (a classifier or a regressor)."""
+    if getattr(tasks_lib.get_task(task), "kind", None) == "span_qa":
+        return span_qa_experiment(task=task, trainer_fn=trainer_fn)
+    return classifier_experiment(task=task, trainer_fn=trainer_fn)
 
 
 @dataclasses.dataclass
@@ -389,11 +409,21 @@ def _is_classifier(exp: experiment_lib.Experiment) -> bool:
 @gin.configurable
 def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
                         splits: Sequence[str] = ("validation", "test"), batch_size: int = 32,
-                        max_examples: Optional[int] = None, **decode_options
+                        max_examples: Optional[int] = None,
+                        details: Optional[Dict[str, dict]] = None, **decode_options
                         ) -> Dict[str, Dict[str, float]]:
     """`{"<task>/<split>": metrics}` of the experiment's model on its task's splits (the
-    `max_examples` of each, evenly spread); `decode_options` go to `model.predict`."""
+    `max_examples` of each, evenly spread); `decode_options` go to `model.predict`.
+    `details` (a dict) receives each split's predictions and trivial baseline
+    (`evaluator.evaluate`). A task over your files scores only the splits it has files for."""
     model, results = exp.trainer.model, {}
+    if hasattr(exp.task, "bad_lines"):
+        missing = [s for s in splits if s not in exp.task.splits]
+        if missing:
+            _log.info("no %s files: %s not scored", " or ".join(
+                {"validation": "VALIDATION_FILES", "test": "TEST_FILES"}.get(s, s)
+                for s in missing), ", ".join(missing))
+        splits = [s for s in splits if s in exp.task.splits]
     if _is_classifier(exp):
         kwargs = {"vocabulary": exp.vocabulary, "max_length": exp.max_length}
     else:
@@ -404,8 +434,10 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
         if isinstance(exp, SpanQAExperiment):
             scores = exp.evaluate(params, split, batch_size, max_examples)
         else:
+            more = {} if details is None else {"details": details.setdefault(split, {})}
             scores = evaluator.evaluate(model, params, exp.task, split, batch_size=batch_size,
-                                        max_examples=max_examples, **kwargs, **decode_options)
+                                        max_examples=max_examples, **kwargs, **more,
+                                        **decode_options)
         results[f"{exp.task.name}/{split}"] = scores
         _log.info("evaluated %s/%s in %.1f s: %s", exp.task.name, split,
                   time.perf_counter() - start, results[f"{exp.task.name}/{split}"])
@@ -427,13 +459,13 @@ def run(splits: Optional[Sequence[str]] = None,
         return {"result": result, "metrics": None, "train_seconds": train_seconds}
     start = time.perf_counter()
     kwargs = {} if splits is None else {"splits": tuple(splits)}
-    metrics = evaluate_experiment(exp, result.state.params, **kwargs)
+    details: Dict[str, dict] = {}
+    metrics = evaluate_experiment(exp, result.state.params, details=details, **kwargs)
     eval_seconds = time.perf_counter() - start
     if jax.process_index() == 0:
-        evaluator.write_results(metrics, exp.trainer.config.model_dir)
         print(f"trained to step {result.step} in {train_seconds:.0f} s; evaluated in "
               f"{eval_seconds:.0f} s")
-        print(evaluator.results_table(metrics), end="")
+        write_readable_results(exp, metrics, details, exp.trainer.config.model_dir)
     return {"result": result, "metrics": metrics, "train_seconds": train_seconds,
             "eval_seconds": eval_seconds}
 
@@ -467,11 +499,47 @@ def evaluate_run(splits: Optional[Sequence[str]] = None,
     `output_dir` (default MODEL_DIR)."""
     exp, params = restore_experiment()
     kwargs = {} if not splits else {"splits": tuple(splits)}
-    metrics = evaluate_experiment(exp, params, **kwargs)
+    details: Dict[str, dict] = {}
+    metrics = evaluate_experiment(exp, params, details=details, **kwargs)
     if jax.process_index() == 0:
-        evaluator.write_results(metrics, output_dir or exp.trainer.config.model_dir)
-        print(evaluator.results_table(metrics), end="")
+        write_readable_results(exp, metrics, details, output_dir or exp.trainer.config.model_dir)
     return metrics
+
+
+def write_readable_results(exp: experiment_lib.Experiment, metrics: Dict[str, Dict[str, float]],
+                           details: Dict[str, dict], out_dir: str) -> None:
+    """metrics.json and results.md with each split's trivial baseline beside the model's
+    scores (and your files' data counts, "data"), predictions.jsonl, printed: the table,
+    a warning where the model does not beat the baseline, the data's bad lines."""
+    results, baselines, warnings = dict(metrics), {}, []
+    for split, found in details.items():
+        key = f"{exp.task.name}/{split}"
+        if "baseline" not in found or key not in metrics:
+            continue
+        name, scores = found["baseline"]
+        results[f"{key} (baseline: {name})"] = scores
+        first = next((m for m in metrics[key] if m in scores), None)
+        beaten = first is None or metrics[key][first] > scores[first]
+        baselines[split] = {"baseline": name, "scores": scores, "beaten": beaten}
+        if not beaten:
+            warnings.append(f"warning: on {split} the model does not beat the trivial baseline "
+                            f"({name}): {first} {metrics[key][first]:.2f} vs "
+                            f"{scores[first]:.2f}; train longer, or start from a model "
+                            "pretrained on text like yours")
+    extra: Dict[str, Any] = {"baselines": baselines} if baselines else {}
+    reports = getattr(exp.task, "data_reports", None)
+    if reports:
+        from t2t.data import data_report
+        extra["data"] = data_report.as_dict(reports)
+        warnings = data_report.end_lines(reports) + warnings
+    evaluator.write_results(results, out_dir, extra)
+    rows = {split: found["rows"] for split, found in details.items() if "rows" in found}
+    if rows:
+        path = evaluator.write_predictions(rows, out_dir)
+        warnings.insert(0, f"predictions (input, target, prediction): {path}")
+    print(evaluator.results_table(results), end="")
+    for line in warnings:
+        print(line)
 
 
 def _classify_lines(exp: ClassifierExperiment, params: Params, lines: Sequence[str],
@@ -487,6 +555,8 @@ def _classify_lines(exp: ClassifierExperiment, params: Params, lines: Sequence[s
                 "token_type_ids": np.zeros_like(tokens)}
     labels = evaluator.predict_labels(exp.trainer.model, params, features,
                                       batch_size=batch_size)
+    if not getattr(exp.task, "label_names", None):     # a regressor
+        return [f"{float(v):g}" for v in labels]
     return [exp.task.label_names[int(i)] for i in labels]
 
 
