@@ -155,6 +155,25 @@ def read_input_lines(path: Optional[str]) -> List[str]:
     return lines
 
 
+def cmd_compile(args) -> int:
+    """`t2t compile --gin_file=... --topology=v5e-256 [--num_slices N] [--step train]`:
+    compile the step `t2t train` would run for a TPU slice, without one; print its per-chip
+    memory and FLOPs. Exit 0 if it fits in HBM, 1 if not."""
+    import jax
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")   # the host runs nothing; libtpu compiles
+    from t2t.train import aot, finetune  # noqa: F401  finetune registers its configurables
+    aot.parse_gin(args.gin_file, args.gin + args.gin_bindings)
+    topology, num_slices = aot.target_from_config(args.topology, args.num_slices)
+    report = aot.compile_for(topology, num_slices, args.step)
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=1)
+    print("\n".join(report.lines()))
+    return 0 if report.fits else 1
+
+
 def cmd_convert(args) -> int:
     """`t2t convert SRC OUT`: a Hugging Face directory (BERT, RoBERTa, ALBERT, ELECTRA,
     DistilBERT, GPT-2, T5) read and written back by t2t, or a t2t MODEL_DIR (its config.gin
@@ -276,6 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the cells and exit")
     p.add_argument("--render_only", action="store_true", help="render what has finished")
     p.set_defaults(func=cmd_ablate)
+    p = with_gin(sub.add_parser("compile", help="compile a step for a TPU slice (no TPU "
+                                "needed): per-chip memory, FLOPs, fits or not"))
+    p.add_argument("--topology", help="TPU slice: v4-8, v5e-256, v5p-128, v6e-64, ... or "
+                   "v5e:16x16 (default: the hardware config's TPU_TOPOLOGY)")
+    p.add_argument("--num_slices", type=int,
+                   help="slices joined over DCN (default: TPU_NUM_SLICES, else 1)")
+    p.add_argument("--step", choices=("train", "finetune"), default="train")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    p.set_defaults(func=cmd_compile)
     p = sub.add_parser("convert", help="Hugging Face directory or t2t MODEL_DIR -> Hugging "
                        "Face directory (load_pretrained / save_pretrained)")
     p.add_argument("src", help="a Hugging Face model directory or a t2t MODEL_DIR")

@@ -87,17 +87,21 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
                converter: Optional[str] = None, pack: bool = True,
                converter_options: Optional[Dict[str, object]] = None,
                eval_task: Optional[str] = None,
-               trainer_fn: Optional[Callable[..., Trainer]] = None) -> Experiment:
+               trainer_fn: Optional[Callable[..., Trainer]] = None,
+               vocab_size_from_task: bool = True) -> Experiment:
     """Model `family` (with the gin-bound TransformerConfig) on `task`, or on
     `<corpus>_<objective>`; `eval_task` is evaluated every TrainConfig.eval_every steps.
     Optimizer and schedule come from gin bindings of `make_optimizer` and `make_schedule`
     (see configs/runs/pretrain.gin). `trainer_fn(model, train_config, task, batch_size)`
     replaces `make_trainer` (fine-tuning sizes the run from the task). `converter_options`
-    go to the feature converter (e.g. `{'loss_on_targets_only': False}` for prefix_lm)."""
+    go to the feature converter (e.g. `{'loss_on_targets_only': False}` for prefix_lm).
+    `vocab_size_from_task=False` keeps TransformerConfig.vocab_size, which must then cover
+    the task vocabulary's ids, and never loads that vocabulary (`t2t compile` of a paper
+    model whose vocabulary file is not on this machine)."""
     train_cfg = TrainConfig()
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
-    vocab = first_task.vocabulary
+    vocab = first_task.vocabulary if vocab_size_from_task else None
     model_cfg = TransformerConfig()
     if vocab is not None and model_cfg.vocab_size != vocab.padded_vocab_size:
         _log.info("vocab_size %d -> %d (the task's vocabulary, padded to 128)",
