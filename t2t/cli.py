@@ -16,20 +16,20 @@ ABLATION_OUT_DIR = "runs/ablations"   # `t2t ablate --out_dir` default
 ERROR_LOG = os.path.join(tempfile.gettempdir(), "t2t-error.log")   # the last error's traceback
 
 
-def _parse_gin(args) -> None:
+def _parse_gin(args, required=("MODEL_DIR",)) -> None:
     """Parse the command's gin files and bindings; a command-line macro the config does not
-    use, or a required macro left unset, is one ConfigError before anything compiles."""
+    use, or a `required` macro left unset, is one ConfigError before anything compiles."""
     from t2t import gin_utils
     bindings = args.gin + args.gin_bindings
     gin_utils.parse(args.gin_file, bindings)
-    gin_utils.check_bindings(bindings)
+    gin_utils.check_bindings(bindings, required)
 
 
 def _model_from_gin(gin_files: List[str], bindings: List[str]):
     from t2t import gin_utils
     from t2t.nn.config import TransformerConfig
     gin_utils.parse(gin_files, bindings)
-    gin_utils.check_bindings(bindings)
+    gin_utils.check_bindings(bindings, required=())
     family = gin_utils.query_macro("MODEL_FAMILY")
     if family is None:
         raise SystemExit(f"{gin_files}: no MODEL_FAMILY macro; include a configs/models/* file")
@@ -84,16 +84,16 @@ def cmd_train(args) -> int:
     return EXIT_PREEMPTED if result.stopped_by == "preempted" else 0
 
 
-def _parse_finetune_gin(args) -> None:
+def _parse_finetune_gin(args, required=("MODEL_DIR",)) -> None:
     from t2t.train import finetune  # noqa: F401  registers its configurables
-    _parse_gin(args)
+    _parse_gin(args, required)
 
 
 def cmd_finetune(args) -> int:
     """`t2t finetune --gin_file=... --gin.MODEL_DIR=... --gin.INITIAL_CHECKPOINT=...`."""
     from t2t.train import distributed, finetune
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    _parse_finetune_gin(args)
+    _parse_finetune_gin(args, required=("MODEL_DIR", "INITIAL_CHECKPOINT"))
     out = finetune.run(args.split or None)
     return EXIT_PREEMPTED if out["result"].stopped_by == "preempted" else 0
 
@@ -354,6 +354,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
+    if argv[:1] != ["compile"]:   # compile targets TPU topologies through libtpu itself
+        from t2t import platforms
+        platforms.set_default_platforms()
     if argv[:1] == ["data"]:  # its own argparse, --help included
         from t2t.data import builders
         return builders.main(argv[1:])

@@ -116,10 +116,10 @@ def _macros(config_str: str) -> tuple[dict, set]:
     return defined, referenced
 
 
-def check_bindings(bindings: Sequence[str]) -> None:
+def check_bindings(bindings: Sequence[str], required: Sequence[str] = ("MODEL_DIR",)) -> None:
     """After `parse`: every macro set in `bindings` (the command line) is used by the parsed
-    config, and every required macro it references is bound; else one ConfigError naming the
-    nearest valid macro names or what to add."""
+    config, and each `required` macro it references is bound; else one ConfigError naming
+    the nearest valid macro names or what to add."""
     defined, referenced = _macros(gin.config_str())
     known = sorted(referenced | set(CODE_MACROS))
     for binding in bindings:
@@ -133,7 +133,7 @@ def check_bindings(bindings: Sequence[str]) -> None:
         raise ConfigError(f"--gin.{name} is not used by this config (a typo would be "
                           f"silently ignored): {hint}")
     for name, value in sorted(defined.items()):
-        if value == "%gin.REQUIRED" and name in referenced:
+        if value == "%gin.REQUIRED" and name in referenced and name in required:
             what = _REQUIRED_HINTS.get(name, f"bind it with --gin.{name}=VALUE")
             raise ConfigError(f"{name} is required and not set: {what}")
 

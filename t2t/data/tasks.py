@@ -29,6 +29,7 @@ from t2t.data.converters import FeatureConverter
 from t2t.data.pipeline import BatchIterator, make_mixture_pipeline, make_pipeline
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import BundledSource, RandomAccessSource
+from t2t.errors import UserError
 
 _PASSED = ("seed", "vocabulary", "sequence_length")
 
@@ -137,11 +138,8 @@ class Mixture:
 _REGISTRY: dict[str, Task | Mixture] = {}
 
 
-class TaskNotFoundError(KeyError):
+class TaskNotFoundError(UserError, KeyError):
     """An unknown task name; the message lists close matches and every registered name."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 def register_task(task: Task | Mixture, overwrite: bool = False) -> Task | Mixture:

@@ -16,12 +16,13 @@ import jax
 import numpy as np
 
 import t2t.data.paper  # noqa: F401  registers the C4 and benchmark tasks
+from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.models.base import LossConfig
 from t2t.models.families import make_model
 from t2t.nn.config import TransformerConfig
-from t2t.train import optimizers, partitioning
+from t2t.train import curves, optimizers, partitioning
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
 
 _log = logging.getLogger(__name__)
@@ -152,16 +153,17 @@ def write_operative_config(exp: Experiment) -> str:
     """`operative_config(exp)`, written to MODEL_DIR/config.gin by process 0."""
     config_str = operative_config(exp)
     model_dir = exp.trainer.config.model_dir
-    os.makedirs(model_dir, exist_ok=True)
+    storage.check(model_dir)                       # gs:// without gcsfs: one line, now
+    storage.path(model_dir).mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
-        with open(os.path.join(model_dir, "config.gin"), "w") as f:
-            f.write(config_str)
+        storage.write_text(os.path.join(model_dir, "config.gin"), config_str)
     return config_str
 
 
 def run() -> TrainResult:
     """Build the gin-configured experiment, write its operative config (every value it
     used, defaults included) to MODEL_DIR/config.gin, and train (resuming if possible)."""
+    _log.info("building the model, task, vocabulary and data pipeline from the config")
     exp = experiment()
     config_str = write_operative_config(exp)
     result = fit(exp.trainer, exp.data(), config_str=config_str,
@@ -169,6 +171,13 @@ def run() -> TrainResult:
     if jax.process_index() == 0:
         print(summary(exp, result))
     return result
+
+
+def run_metrics(model_dir: str) -> list:
+    """MODEL_DIR/metrics.jsonl's rows (every step of the run, restarts included)."""
+    from t2t.train.logging import read_metrics
+    path = os.path.join(model_dir, "metrics.jsonl")
+    return read_metrics(path) if storage.path(path).exists() else []
 
 
 def example_prediction(exp: Experiment, params, index: int = 0) -> Optional[Dict[str, str]]:
@@ -191,14 +200,18 @@ def example_prediction(exp: Experiment, params, index: int = 0) -> Optional[Dict
 
 
 def summary(exp: Experiment, result: TrainResult) -> str:
-    """Loss at the first and last logged steps, and one decoded example."""
-    logged = [h for h in result.history if "loss" in h]
+    """The loss (and the family's accuracies) at step 1 and at the last step, from
+    metrics.jsonl (so a resumed run still compares with step 1), the loss-curve PNG written
+    beside it, and one decoded example."""
+    model_dir = exp.trainer.config.model_dir
+    rows = run_metrics(model_dir) or result.history
     lines = [f"stopped at step {result.step} ({result.stopped_by})"]
-    if logged:
-        first, last = logged[0], logged[-1]
-        lines.append(f"loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} "
-                     f"at step {last['step']} (accuracy {first.get('accuracy', 0):.3f} -> "
-                     f"{last.get('accuracy', 0):.3f})")
+    line = curves.summary_line(rows)
+    if line:
+        lines.append(line)
+        png = curves.plot_metrics(rows, os.path.join(model_dir, "loss.png"),
+                                  title=os.path.basename(os.path.normpath(model_dir)))
+        lines.append(f"loss curve: {png}")
     example = example_prediction(exp, result.state.params)
     if example:
         lines += [f"{k:>10}: {v}" for k, v in example.items()]

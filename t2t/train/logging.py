@@ -1,22 +1,25 @@
 """Training metrics to a progress bar, a JSONL file and TensorBoard event files.
 
 Only process 0 writes. Steps that are not logged cost nothing: the metrics dict is not
-touched, so device arrays in it are never fetched (no host sync).
+touched, so device arrays in it are never fetched (no host sync). The model dir may be a
+bucket (gs://): see `t2t.storage`.
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import numbers
 import os
 import struct
 import sys
+import time
 from typing import Any, Mapping, Optional
 
 import jax
 import numpy as np
 import tqdm
+
+from t2t import storage
 
 # Progress-bar labels; a metric matches on the last part of its name ("train/loss" → loss).
 _POSTFIX = {"loss": "loss", "learning_rate": "lr", "lr": "lr",
@@ -50,7 +53,8 @@ class MetricsLogger:
     """Writes metrics every ``every_n`` steps (and at ``total_steps``).
 
     * ``<model_dir>/metrics.jsonl`` — one object per logged step, ``{"step": s, ...}``,
-      appended (a resumed run continues the file);
+      appended (a resumed run continues the file, dropping the rows of the steps after
+      ``initial_step`` that it replays);
     * ``<model_dir>/tensorboard/`` — scalar summaries (tensorboardX, no TensorFlow);
     * a tqdm bar with loss / lr / tok/s in its postfix.
     """
@@ -70,10 +74,16 @@ class MetricsLogger:
         self._jsonl = self._writer = self._bar = None
         if not self.enabled:
             return
-        os.makedirs(model_dir, exist_ok=True)
-        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+        storage.path(model_dir).mkdir(parents=True, exist_ok=True)
+        _drop_rows_after(self.jsonl_path, initial_step)
+        self._jsonl = (_WholeObjectFile(self.jsonl_path) if storage.is_remote(model_dir)
+                       else open(self.jsonl_path, "a", encoding="utf-8"))
         if tensorboard:
             import tensorboardX  # imported lazily: heavy, and only process 0 needs it
+            if storage.is_remote(model_dir):
+                from tensorboardX import record_writer
+                record_writer.register_writer_factory(model_dir.split(":", 1)[0],
+                                                      _BucketEventFiles())
             self._writer = tensorboardX.SummaryWriter(self.tensorboard_dir, flush_secs=30)
         if progress_bar:
             # Redraw at most every 5 s when stderr is a log file rather than a terminal.
@@ -139,21 +149,80 @@ class MetricsLogger:
         self.close()
 
 
+class _WholeObjectFile:
+    """A file in a bucket, where objects cannot be appended to: what is written is kept and
+    the whole object rewritten on `flush`, at most every `min_interval` seconds (the first
+    and the last time at once)."""
+
+    def __init__(self, path: str, binary: bool = False, min_interval: float = 30.0):
+        self.path, self.binary, self.min_interval = storage.path(path), binary, min_interval
+        self._chunks: list = []
+        if self.path.exists():
+            self._chunks.append(self.path.read_bytes() if binary
+                                else self.path.read_text(encoding="utf-8"))
+        self._dirty, self._last = False, -math.inf
+
+    def write(self, data) -> None:
+        self._chunks.append(data)
+        self._dirty = True
+
+    def flush(self, force: bool = False) -> None:
+        if self._dirty and (force or time.monotonic() - self._last >= self.min_interval):
+            if self.binary:
+                self.path.write_bytes(b"".join(self._chunks))
+            else:
+                self.path.write_text("".join(self._chunks), encoding="utf-8")
+            self._dirty, self._last = False, time.monotonic()
+
+    def close(self) -> None:
+        self.flush(force=True)
+
+
+class _BucketEventFiles:
+    """tensorboardX writer factory for event files in a bucket, through epath (its own gs://
+    writer re-uploads from `__del__`, which can stall interpreter exit for minutes)."""
+
+    def open(self, path: str) -> _WholeObjectFile:
+        return _WholeObjectFile(path, binary=True, min_interval=0.0)  # tensorboardX throttles
+
+    def directory_check(self, path: str) -> None:
+        pass                                     # object stores have no directories to make
+
+
+def _drop_rows_after(path: str, step: int) -> None:
+    """A resumed run replays the steps after its checkpoint: drop their old rows first, so
+    metrics.jsonl holds each step once."""
+    target = storage.path(path)
+    if not target.exists():
+        return
+    lines = [line for line in target.read_text(encoding="utf-8").splitlines(keepends=True)
+             if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        except json.JSONDecodeError:   # a row cut short by a kill
+            pass
+    if len(kept) < len(lines):
+        target.write_text("".join(kept), encoding="utf-8")
+
+
 def read_metrics(path: str) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a ``metrics.jsonl`` file (local or in a bucket)."""
+    text = storage.path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read_tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` from the event files in ``logdir`` (CRC-checked)."""
+    """``{tag: [(step, value), ...]}`` from the event files in ``logdir`` (local or in a
+    bucket; CRC-checked)."""
     from tensorboardX.proto import event_pb2
     from tensorboardX.record_writer import masked_crc32c
 
     out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-        with open(path, "rb") as f:
-            data = f.read()
+    for path in sorted(storage.path(logdir).glob("events.out.tfevents.*")):
+        data = path.read_bytes()
         pos = 0
         while pos + 12 <= len(data):
             header = data[pos:pos + 8]

@@ -243,25 +243,34 @@ def batch_geometry(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, int]:
 
 
 class _Preemption:
-    """Turns SIGTERM (a preempted TPU VM) into a flag the loop checks after each step."""
+    """Turns SIGTERM (a preempted TPU VM) and a first Ctrl-C (SIGINT) into a flag the loop
+    checks after each step: it then saves and stops. A second Ctrl-C aborts at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
+        self.requested = None          # the name of the signal that asked to stop
+        self._previous = {}
 
     def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread
-            self._previous = None
+        for signum in self.SIGNALS:
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread
+                pass
         return self
 
     def _handle(self, signum, frame):
-        self.requested = True
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            _log.warning("\nCtrl-C: saving a checkpoint after this step, then stopping "
+                         "(Ctrl-C again aborts without saving)")
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 @dataclasses.dataclass
@@ -283,9 +292,11 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
     batches; `eval_data_fn()` returns a fresh eval iterator.
     """
     cfg = trainer.config
+    _log.info("reading the first batch")
     data_state0 = train_data.get_state()
     example = next(train_data)
     train_data.set_state(data_state0)
+    _log.info("initialising the parameters and optimizer state")
     state = trainer.init_state(example)
 
     ckpt = Checkpointer(f"{cfg.model_dir}/checkpoints", keep=cfg.keep_checkpoints,
@@ -295,7 +306,11 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
         state, data_state = ckpt.restore(start, trainer.abstract_state(state))
         if data_state is not None:
             train_data.set_state(data_state)
-        _log.info("resumed from step %d", start)
+        if start >= cfg.train_steps:
+            _log.info("already done: %s is at step %d of TRAIN_STEPS = %d (raise "
+                      "--gin.TRAIN_STEPS to train longer)", cfg.model_dir, start, cfg.train_steps)
+        else:
+            _log.info("resumed from step %d (%s)", start, cfg.model_dir)
     start = start or 0
 
     family = trainer.model.family
@@ -304,11 +319,14 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
     step_flops = flops_lib.step_flops(trainer.model.config, family, global_rows, **geometry)
     tokens_per_step = global_rows * sum(v for k, v in geometry.items() if k != "num_masked")
     peak = cfg.peak_flops or flops_lib.peak_flops_per_device()
-    if peak is None and cfg.measure_peak:
+    if peak is None and cfg.measure_peak and start < cfg.train_steps:
         peak = flops_lib.measure_peak_flops(trainer.model.config.dtype)
         _log.info("measured peak %.1f GFLOP/s per device", peak / 1e9)
     peak_total = None if peak is None else peak * jax.device_count()
 
+    if start < cfg.train_steps:
+        _log.info("compiling the train step (cached for later runs), then training to step %d",
+                  cfg.train_steps)
     logger = MetricsLogger(cfg.model_dir, total_steps=cfg.train_steps, every_n=cfg.log_every,
                            initial_step=start, progress_bar=cfg.progress_bar)
     history = []
@@ -351,7 +369,8 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
                           force=True)
             if preemption.requested:
                 stopped_by = "preempted"
-                _log.warning("SIGTERM: saved step %d, exiting", step)
+                _log.warning("%s: saved step %d; run the same command to resume",
+                             preemption.requested, step)
                 break
     ckpt.wait()
     ckpt.close()

@@ -36,11 +36,13 @@ def test_experiment_runs_and_writes_operative_config(tmp_path, name, family, len
 def test_typo_fails_before_compiling_with_file_line_and_suggestion(tmp_path, capsys):
     bad = tmp_path / "bad.gin"
     bad.write_text("include 'experiments/t5_tiny_bible.gin'\nTrainConfig.log_evry = 5\n")
-    with pytest.raises(ValueError) as err:
-        main(["train", f"--gin_file={bad}", f"--gin.MODEL_DIR={tmp_path / 'run'}"])
-    message = str(err.value)
+    assert main(["train", f"--gin_file={bad}", f"--gin.MODEL_DIR={tmp_path / 'run'}"]) == 2
+    message = capsys.readouterr().err
     assert f'"{bad}", line 2' in message and "Did you mean: log_every" in message
+    assert len(message.strip().splitlines()) == 1 and "Traceback" not in message
     assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="Did you mean: log_every"):   # --verbose: raised
+        main(["train", f"--gin_file={bad}", f"--gin.MODEL_DIR={tmp_path / 'run'}", "--verbose"])
 
 
 def test_unknown_configurable_lists_nearest_names():

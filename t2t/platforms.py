@@ -1,0 +1,41 @@
+"""Which JAX backends the command line starts, decided before JAX initialises any.
+
+libtpu (the `tpu` and `test` extras) is also what `t2t compile` uses to compile for TPU
+topologies on a CPU-only machine; there, JAX would still try to open a TPU at start-up and
+print libtpu's warnings about TPU_ACCELERATOR_TYPE and worker hostnames before falling back
+to the CPU. Off a TPU host the command line therefore asks for the CPU (and CUDA, when its
+plugin is installed) explicitly. `JAX_PLATFORMS` set by the user always wins.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from typing import Mapping, Optional
+
+# Set on Cloud TPU VMs (and by `t2t launch`); any of them means "this host has TPUs".
+TPU_ENV = ("TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID", "TPU_ACCELERATOR_TYPE", "TPU_NAME")
+CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
+
+
+def on_tpu_host(environ: Mapping[str, str] = os.environ) -> bool:
+    """TPU chips are visible (/dev/accel*, /dev/vfio on newer VMs) or the TPU env is set."""
+    return (any(environ.get(k) for k in TPU_ENV) or bool(glob.glob("/dev/accel*"))
+            or os.path.isdir("/dev/vfio"))
+
+
+def default_platforms(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The JAX_PLATFORMS value to set, or None to leave JAX's own choice."""
+    if environ.get("JAX_PLATFORMS") or on_tpu_host(environ):
+        return None
+    if importlib.util.find_spec("libtpu") is None:
+        return None                       # no libtpu: JAX's own choice is quiet and right
+    cuda = any(importlib.util.find_spec(p) is not None for p in CUDA_PLUGINS)
+    return "cuda,cpu" if cuda else "cpu"
+
+
+def set_default_platforms() -> None:
+    """Apply `default_platforms()` to this process (call before JAX starts a backend)."""
+    choice = default_platforms()
+    if choice:
+        os.environ["JAX_PLATFORMS"] = choice

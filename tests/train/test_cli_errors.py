@@ -1,0 +1,121 @@
+"""What a new user hits on the command line: every mistake is one line on stderr (exit 2)
+before anything compiles, with the traceback only in the log or behind --verbose."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from t2t import errors, gin_utils, platforms
+from t2t.cli import ERROR_LOG, main, read_input_lines
+from t2t.train import checkpoints
+
+T5 = ["train", "--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin"]
+
+
+def _one_line_error(capsys) -> str:
+    """The error line (progress lines such as "building the model" may come before it)."""
+    err = capsys.readouterr().err.strip()
+    errors_said = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors_said) == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == errors_said[0]
+    return errors_said[0]
+
+
+def test_misspelt_macro_is_an_error_naming_the_nearest(tmp_path, capsys):
+    assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run", "--gin.TRAIN_STEPSS=5"]) == 2
+    err = _one_line_error(capsys)
+    assert "--gin.TRAIN_STEPSS is not used by this config" in err and "TRAIN_STEPS?" in err
+    assert not (tmp_path / "run").exists()
+    assert "TRAIN_STEPSS" in open(ERROR_LOG).read()      # the traceback went to the log
+
+
+def test_unused_binding_check_accepts_every_used_macro():
+    bindings = ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 3", "BATCH_SIZE = 2", "SEED = 1",
+                "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}",
+                "TransformerConfig.d_model = 64"]
+    gin_utils.parse(["experiments/t5_tiny_bible.gin"], bindings)
+    gin_utils.check_bindings(bindings)   # all used: no error
+
+
+def test_missing_model_dir_says_what_to_add(capsys):
+    assert main(T5) == 2
+    assert "MODEL_DIR is required and not set" in _one_line_error(capsys)
+
+
+def test_warmup_longer_than_the_run_is_caught_with_the_config(tmp_path, capsys):
+    argv = ["train", "--gin_file=experiments/gpt_tiny_bible.gin",
+            "--gin_file=models/gpt2/test.gin", f"--gin.MODEL_DIR={tmp_path}",
+            "--gin.TRAIN_STEPS=50"]                      # the cosine warm-up is 100 steps
+    assert main(argv) == 2
+    err = _one_line_error(capsys)
+    assert "warmup_steps (100) <= total_steps (50)" in err and "TRAIN_STEPS" in err
+
+
+def test_unknown_task_is_one_line(tmp_path, capsys):
+    assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}", "--gin.CORPUS=bibel_web"]) == 2
+    assert "unknown task 'bibel_web_span_corruption'" in _one_line_error(capsys)
+
+
+def _tree(names, shape=(4, 8)):
+    return {n: jax.ShapeDtypeStruct(shape, jnp.float32) for n in names}
+
+
+def test_checkpoint_mismatch_summary_counts_and_names_the_first_few():
+    stored = {"params": _tree([f"layer_{i}" for i in range(10)] + ["token_embedder"])}
+    target = {"params": _tree([f"layer_{i}" for i in range(10)])}
+    target["params"]["token_embedder"] = jax.ShapeDtypeStruct((4, 16), jnp.float32)
+    for i in range(5):
+        target["params"][f"layer_{i}"] = jax.ShapeDtypeStruct((4, 9), jnp.float32)
+    with pytest.raises(errors.CheckpointMismatchError) as e:
+        checkpoints.check_compatible(stored, target, where="checkpoint /ck (step 7)")
+    summary = e.value.summary
+    assert "\n" not in summary
+    assert summary.startswith("checkpoint /ck (step 7) does not fit the model: 6 of 11 "
+                              "parameters differ (different model size or config?)")
+    assert "first: params/layer_0: checkpoint (4, 8) vs model (4, 9); params/layer_1" in summary
+    assert "d_model differs?" in e.value.details          # the full list, with hints
+    assert e.value.details.count("\n  ") == 6
+
+
+def test_checkpoint_of_another_family_says_so():
+    with pytest.raises(errors.CheckpointMismatchError, match="different family"):
+        checkpoints.check_compatible({"params": _tree(["encoder", "decoder"])},
+                                     {"params": _tree(["bert_encoder"])})
+
+
+def test_infer_input_must_be_utf8_and_not_empty(tmp_path):
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("first line\nen été\n".encode("latin-1"))
+    with pytest.raises(errors.InputFileError, match=r"latin1.txt, line 2: byte 0xe9 is not UTF-8"):
+        read_input_lines(str(latin))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(errors.InputFileError, match="empty.txt is empty"):
+        read_input_lines(str(empty))
+    good = tmp_path / "good.txt"
+    good.write_text("un\ndeux\n")
+    assert read_input_lines(str(good)) == ["un", "deux"]
+
+
+def test_infer_rejects_bad_input_before_loading_a_model(tmp_path, capsys):
+    latin = tmp_path / "in.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    argv = ["infer", "--gin_file=experiments/finetune_t5_tiny_bible_en_es.gin",
+            f"--gin.MODEL_DIR={tmp_path}/none", f"--input={latin}"]
+    assert main(argv) == 2
+    assert "in.txt, line 1: byte 0xe9 is not UTF-8" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("environ,libtpu,want", [
+    ({}, True, "cpu"),                                   # libtpu on a CPU host: stay quiet
+    ({}, False, None),                                   # no libtpu: JAX's own choice
+    ({"JAX_PLATFORMS": "cuda"}, True, None),             # the user's choice wins
+    ({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, True, None),   # a TPU VM: use the TPU
+])
+def test_default_platforms(monkeypatch, environ, libtpu, want):
+    real = platforms.importlib.util.find_spec
+    monkeypatch.setattr(platforms.importlib.util, "find_spec",
+                        lambda name: (object() if libtpu else None) if name == "libtpu"
+                        else (None if name.startswith("jax_cuda") else real(name)))
+    monkeypatch.setattr(platforms.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(platforms.os.path, "isdir", lambda path: False)
+    assert platforms.default_platforms(environ) == want

@@ -1,0 +1,123 @@
+"""Ctrl-C and SIGTERM on a real `t2t train`: save, one line, exit 75 ("preempted, resume me");
+the rerun says where it resumed, metrics.jsonl keeps each step once, the summary compares
+step 1 with the last step, and a finished run says it is done."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from t2t.cli import main
+from t2t.errors import EXIT_PREEMPTED
+from t2t.train import curves
+from t2t.train.logging import MetricsLogger
+from t2t.train.trainer import Trainer, _Preemption
+
+# Runs the CLI; with SIGNAL_AFTER=k the process sends itself SIGNAL once step k has finished.
+LAUNCHER = """
+import os, signal, sys
+import jax
+from t2t.train import trainer
+after = int(os.environ.get("SIGNAL_AFTER", "0"))
+if after:
+    original, done = trainer.Trainer.train_step, [0]
+    def train_step(self, state, batch):
+        out = original(self, state, batch)
+        jax.block_until_ready(out)
+        done[0] += 1
+        if done[0] == after:
+            os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+        return out
+    trainer.Trainer.train_step = train_step
+from t2t.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
+        "--gin.TRAIN_STEPS=6", "--gin.BATCH_SIZE=4",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+        "--gin.TrainConfig.log_every=1", "--gin.TrainConfig.checkpoint_every=100",
+        "--gin.TrainConfig.progress_bar=False"]
+
+
+def t2t_train(model_dir, signal_name="", after=0):
+    env = {**os.environ, "SIGNAL": signal_name, "SIGNAL_AFTER": str(after),
+           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+           "JAX_COMPILATION_CACHE_DIR": os.path.expanduser("~/.cache/t2t/jax_cache")}
+    return subprocess.run([sys.executable, "-c", LAUNCHER, "train", *TINY,
+                           f"--gin.MODEL_DIR={model_dir}"],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_ctrl_c_saves_exits_75_and_the_rerun_resumes(tmp_path):
+    stopped = t2t_train(tmp_path, "SIGINT", after=3)
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert "SIGINT: saved step 3; run the same command to resume" in stopped.stderr
+    assert os.listdir(tmp_path / "checkpoints") == ["3"]
+
+    resumed = t2t_train(tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step 3 ({tmp_path})" in resumed.stderr
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5, 6]                   # step 4's replay is not a duplicate
+    assert "loss" in resumed.stdout and " at step 1 -> " in resumed.stdout
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+    again = t2t_train(tmp_path)
+    assert again.returncode == 0
+    assert f"already done: {tmp_path} is at step 6 of TRAIN_STEPS = 6" in again.stderr
+
+
+def test_sigterm_exits_75(tmp_path, monkeypatch):
+    original, done = Trainer.train_step, []
+
+    def step_then_preempt(self, state, batch):
+        out = original(self, state, batch)
+        done.append(1)
+        if len(done) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_preempt)
+    argv = ["train", *TINY, "--gin.BATCH_SIZE=8", f"--gin.MODEL_DIR={tmp_path}"]  # 8 devices
+    assert main(argv) == EXIT_PREEMPTED
+    assert os.listdir(tmp_path / "checkpoints") == ["2"]
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    with _Preemption() as preemption:
+        signal.raise_signal(signal.SIGINT)
+        assert preemption.requested == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_resumed_logger_drops_the_rows_it_replays(tmp_path):
+    with MetricsLogger(str(tmp_path), every_n=1, progress_bar=False, tensorboard=False) as log:
+        for step in range(1, 6):
+            log.log(step, {"loss": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')                      # a row cut short by a kill
+    with MetricsLogger(str(tmp_path), every_n=1, initial_step=3, progress_bar=False,
+                       tensorboard=False) as log:
+        log.log(4, {"loss": 40.0})
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+
+def test_summary_reads_the_accuracies_each_family_logs(tmp_path):
+    bert = [{"step": 1, "loss": 9.0, "mlm_accuracy": 0.0, "nsp_accuracy": 0.5},
+            {"step": 2, "eval/loss": 8.0, "eval/mlm_accuracy": 0.01},
+            {"step": 200, "loss": 6.0, "mlm_accuracy": 0.077, "nsp_accuracy": 0.61}]
+    assert curves.summary_line(bert) == ("loss 9.000 at step 1 -> 6.000 at step 200 "
+                                         "(mlm_accuracy 0.000 -> 0.077, nsp_accuracy 0.500 -> "
+                                         "0.610)")
+    t5 = [{"step": 1, "loss": 9.5, "accuracy": 0.0}, {"step": 9, "loss": 4.4, "accuracy": 0.3}]
+    assert curves.summary_line(t5).endswith("(accuracy 0.000 -> 0.300)")
+    png = curves.plot_metrics(bert, str(tmp_path / "loss.png"))
+    assert open(png, "rb").read(4) == b"\x89PNG"
+    assert curves.summary_line([]) is None and curves.plot_metrics([], "x.png") is None
