@@ -40,6 +40,33 @@ def test_checkpoints_round_trip_through_the_bucket(bucket):
     again.close()
 
 
+def test_a_training_run_lives_in_the_bucket_and_resumes_from_it(bucket, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)          # a gs:// path mistaken for a local one lands here
+    model_dir = f"{bucket}/gpt_run"
+
+    def train(steps):
+        gin_utils.parse(["experiments/gpt_tiny_bible.gin", "models/gpt2/test.gin"], [
+            f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {steps}", "BATCH_SIZE = 8",
+            "TASK_FEATURE_LENGTHS = {'targets': 32}", "WARMUP_STEPS = 1",
+            "TrainConfig.log_every = 1", "TrainConfig.checkpoint_every = 2",
+            "TrainConfig.progress_bar = False"])
+        return experiment.run()
+
+    assert train(2).step == 2
+    result = train(3)                    # resumes from the step-2 checkpoint in the bucket
+    assert result.step == 3 and [h["step"] for h in result.history] == [3]
+    root = epath.Path(model_dir)
+    assert f"MODEL_DIR = '{model_dir}'" in (root / "config.gin").read_text()
+    assert [r["step"] for r in read_metrics(f"{model_dir}/metrics.jsonl")] == [1, 2, 3]
+    scalars = read_tensorboard_scalars(f"{model_dir}/tensorboard")
+    assert [step for step, _ in scalars["loss"]] == [1, 2, 3]   # two event files, one per run
+    assert Checkpointer(f"{model_dir}/checkpoints", async_save=False).all_steps() == [2, 3]
+    restored = finetune.restore_params(model_dir)
+    jax.tree.map(np.testing.assert_array_equal, restored, jax.device_get(result.state.params))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_results_are_written_to_the_bucket(bucket):
     results = {"bbc/test": {"accuracy": 97.25}}
     json_path, md_path = evaluator.write_results(results, f"{bucket}/eval")
