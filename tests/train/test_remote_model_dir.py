@@ -82,3 +82,14 @@ def test_unreachable_bucket_is_one_line_before_anything_runs(monkeypatch):
         storage.check("gs://b/run")
     with pytest.raises(UserError, match="unknown storage scheme hdfs://"):
         storage.check("hdfs://b/run")
+
+
+def test_train_cli_without_gcsfs_says_so_in_one_line(monkeypatch, capsys):
+    from t2t.cli import main
+    monkeypatch.setattr(storage, "_installed", lambda module: False)
+    code = main(["train", "--gin_file=experiments/gpt_tiny_bible.gin",
+                 "--gin_file=models/gpt2/test.gin", "--gin.MODEL_DIR=gs://nobucket/run"])
+    err = capsys.readouterr().err.strip()
+    errors = [line for line in err.splitlines() if "error" in line]   # after progress lines
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err
+    assert "MODEL_DIR gs://nobucket/run needs gcsfs: pip install 't2t[gcs]' (gcsfs)" in errors[0]
