@@ -77,7 +77,7 @@ def test_best_answers_take_the_best_scoring_window(wordpiece):
 
 def test_windows_match_hugging_face_fast_tokenizer_overflow(minilm_vocab_file):
     """HF's `stride` is the overlap between windows: doc_stride = room - stride."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from t2t.data.vocab import WordPieceVocabulary
     hf = transformers.BertTokenizerFast(minilm_vocab_file)
     vocab = WordPieceVocabulary(minilm_vocab_file)

@@ -1,0 +1,28 @@
+"""The README's claims that a fresh clone can check: its second command is what CI runs, and
+the main job's description matches the config it runs."""
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _bash_blocks():
+    return re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = (ROOT / ".ci/run").read_text().strip().splitlines()[-1]
+    assert _bash_blocks()[1].strip() == ci
+    assert "pytest" in ci and "--extra-index-url https://download.pytorch.org/whl/cpu" in ci
+
+
+def test_main_job_description_matches_its_config():
+    config = (ROOT / "configs/experiments/t5_tiny_bible.gin").read_text()
+    batch = re.search(r"^BATCH_SIZE = (\d+)", config, flags=re.M).group(1)
+    steps = re.search(r"^TRAIN_STEPS = (\d+)", config, flags=re.M).group(1)
+    section = README[README.index("## What the main job does"):README.index("## Using")]
+    assert f"batch {batch}, for {steps} steps" in section
+    assert re.findall(r"\bbatch (\d+)", section) == [batch] * len(re.findall(r"\bbatch \d+",
+                                                                                section))
+    assert "experiments/t5_tiny_bible.gin" in _bash_blocks()[0]
