@@ -9,13 +9,14 @@ analyses: does the step fit in HBM, and how fast could it be.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import math
 import os
 import re
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -73,6 +74,7 @@ class Report:
     xla_flops: float                  # per chip: hlo_flops / chips (0: not counted)
     model_flops: float                # whole step, t2t.train.flops (0: not counted)
     largest: List[Buffer]
+    note: str = ""                    # how the numbers were had when XLA gave up
     compiled: Any = dataclasses.field(default=None, repr=False)   # the TPU executable
 
     @property
@@ -156,6 +158,8 @@ class Report:
             out.append(f"compute-bound step time {self.step_time * 1e3:.4g} ms at "
                        f"{chip.peak_bf16 / 1e12:.0f} TFLOP/s bf16 per chip"
                        + (f"; MFU ceiling {ceiling:.1%}" if ceiling is not None else ""))
+        if self.note:
+            out.append(self.note)
         if not self.fits:
             out.append("largest buffers per chip:")
             out += [f"  {b.bytes / GiB:8.3f} GiB  {b.what}  -> {b.knob}" for b in self.largest]
@@ -232,6 +236,26 @@ def hlo_flops(trainer: Trainer, batch: Dict[str, np.ndarray]) -> Optional[float]
     return float(cost.get("flops", 0.0))
 
 
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def _out_of_memory(error: Exception, state_bytes: Dict[str, int]) -> Tuple[Dict[str, int], str]:
+    """XLA's TPU compiler refuses a program whose temporaries exceed HBM: memory from its
+    message (temporaries) and the state's own per-chip bytes (arguments)."""
+    text = str(error)
+    match = re.search(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
+                      r"\(([\d.]+)([KMGT]?)\)", text)
+    if "RESOURCE_EXHAUSTED" not in text or not match:
+        raise error
+    temporaries = int(float(match.group(1)) * _UNITS[match.group(2)])
+    memory = {"arguments": sum(state_bytes.values()), "outputs": 0, "aliased": 0,
+              "temporaries": temporaries, "generated_code": 0}
+    note = (f"XLA stopped compiling: the temporaries alone need {match.group(1)} "
+            f"{match.group(2)}iB of the {match.group(3)} {match.group(4)}iB it can use; "
+            "arguments are t2t's count")
+    return memory, note
+
+
 # ----------------------------------------------------------------------------- buffers
 
 _VALUE = re.compile(r"^ value: <\d+ (\S+) @\S+> \(size=(\d+),offset=\d+\): (\S+)")
@@ -241,7 +265,8 @@ _ALLOCATION = re.compile(r"^allocation \d+: size \d+(.*)$")
 def temporary_buffers(dump_dir: str, limit: int = 10) -> List[Tuple[str, int, str, str]]:
     """The largest values XLA placed outside the arguments: (instruction, bytes, shape,
     op_name), from the buffer assignment that `xla_dump_to` wrote."""
-    found = glob.glob(os.path.join(dump_dir, "*after_optimizations-buffer-assignment.txt"))
+    found = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations-buffer-assignment.txt")),
+                   reverse=True)
     if not found:
         return []
     values: Dict[str, Tuple[int, str]] = {}
@@ -264,7 +289,7 @@ def temporary_buffers(dump_dir: str, limit: int = 10) -> List[Tuple[str, int, st
 
 
 def _op_names(dump_dir: str, names: set) -> Dict[str, str]:
-    found = glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
+    found = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")), reverse=True)
     ops: Dict[str, str] = {}
     if not found:
         return ops
@@ -286,8 +311,8 @@ def _temporary_knob(shape: str, trainer: Trainer) -> str:
     cfg = trainer.model.config
     dims = [int(d) for d in re.findall(r"\d+", shape.split("[", 1)[-1])]
     vocab_shard = cfg.vocab_size // trainer.mesh.shape["tensor"]
-    if dims and dims[-1] in (cfg.vocab_size, vocab_shard):
-        return "tensor (MeshConfig.tensor splits the vocabulary) or batch"
+    if {cfg.vocab_size, vocab_shard} & set(dims):       # logits, or the embedding gathered
+        return "tensor (MeshConfig.tensor splits the vocabulary)"
     layers = {cfg.num_encoder_layers, cfg.num_decoder_layers} - {0}
     stacked = cfg.scan_layers and len(dims) > 1 and dims[0] in layers  # saved per layer
     if stacked and cfg.remat_policy != "full":
@@ -312,6 +337,17 @@ def largest_buffers(trainer: Trainer, state, dump_dir: str, n: int = 3) -> List[
 # ----------------------------------------------------------------------------- compiling
 
 
+@contextlib.contextmanager
+def _no_compilation_cache() -> Iterator[None]:
+    """JAX's persistent cache cannot load executables of compile-only devices: skip it."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+
+
 def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: chips_lib.Slice,
                        num_slices: int = 1, step: str = "train") -> Report:
     """Lower and compile `trainer`'s train step for a global `batch`'s shapes on its mesh
@@ -319,8 +355,15 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
     abstract_batch = trainer.abstract_batch(batch)
     state = trainer.abstract_init(batch)
     lowered = trainer.lower_train_step(state, abstract_batch)
-    with tempfile.TemporaryDirectory(prefix="t2t-compile-") as dump:
-        compiled = lowered.compile({"xla_dump_to": dump})
+    state_bytes = {"parameters": _bytes_per_chip(state.params),
+                   "optimizer_state": _bytes_per_chip(state.opt_state),
+                   "batch": _bytes_per_chip(abstract_batch)}
+    with tempfile.TemporaryDirectory(prefix="t2t-compile-") as dump, _no_compilation_cache():
+        try:
+            compiled = lowered.compile({"xla_dump_to": dump})
+            memory, note = _memory(compiled), ""
+        except jax.errors.JaxRuntimeError as e:      # XLA stops when temporaries alone
+            compiled, memory, note = None, *_out_of_memory(e, state_bytes)   # exceed HBM
         largest = largest_buffers(trainer, state, dump)
     family = trainer.model.family
     num_chips = len(trainer.mesh.devices.flat)
@@ -334,10 +377,8 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
         step=step, slice=slice_, num_slices=num_slices, mesh=dict(trainer.mesh.shape),
         family=family, num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)),
         batch_shapes={k: tuple(v.shape) for k, v in batch.items()},
-        state_bytes={"parameters": _bytes_per_chip(state.params),
-                     "optimizer_state": _bytes_per_chip(state.opt_state),
-                     "batch": _bytes_per_chip(abstract_batch)},
-        memory=_memory(compiled), xla_flops=(hlo_flops(trainer, batch) or 0.0) / num_chips,
+        state_bytes=state_bytes, memory=memory, note=note,
+        xla_flops=(hlo_flops(trainer, batch) or 0.0) / num_chips,
         model_flops=model_flops,
         largest=largest, compiled=compiled)
 
