@@ -41,7 +41,8 @@ def test_loss_is_mlm_plus_sbo_and_sbo_reads_only_boundaries():
     np.testing.assert_allclose(loss, m["mlm_loss"] + m["sbo_loss"], rtol=1e-6)
 
     def sbo_of_hidden(hidden):
-        return model.module.apply({"params": params}, hidden, jnp.asarray(batch["masked_positions"]),
+        return model.module.apply({"params": params}, hidden,
+                                  jnp.asarray(batch["masked_positions"]),
                                   jnp.asarray(batch["masked_weights"]),
                                   method=lambda mod, h, p, w: mod.sbo_head(h, p, w,
                                                                            mod.token_embedder))
