@@ -376,8 +376,8 @@ class RecordFiles:
                 continue
             if len(row) != len(header):
                 self.lines += 1
-                self.bad.add("undecodable", where, f"{len(row)} {sep}-separated columns, the "
-                             f"header has {len(header)}")
+                self.bad.add("undecodable", where, f"{len(row)} columns, the header has "
+                             f"{len(header)}")
                 continue
             self._accept(dict(zip(header, row)), where)
         if header is None:

@@ -508,13 +508,15 @@ def evaluate_run(splits: Optional[Sequence[str]] = None,
 
 def write_readable_results(exp: experiment_lib.Experiment, metrics: Dict[str, Dict[str, float]],
                            details: Dict[str, dict], out_dir: str) -> None:
-    """metrics.json and results.md with each split's trivial baseline beside the model's
-    scores (and your files' data counts, "data"), predictions.jsonl, printed: the table,
-    a warning where the model does not beat the baseline, the data's bad lines."""
+    """metrics.json and results.md, predictions.jsonl, and printed: the table and, for a
+    task over your files, each split's trivial baseline beside the model's scores (a
+    warning where the model does not beat it) and the data's counts (metrics.json's
+    "data" and "baselines")."""
     results, baselines, warnings = dict(metrics), {}, []
+    own = hasattr(exp.task, "bad_lines")
     for split, found in details.items():
         key = f"{exp.task.name}/{split}"
-        if "baseline" not in found or key not in metrics:
+        if not own or "baseline" not in found or key not in metrics:
             continue
         name, scores = found["baseline"]
         results[f"{key} (baseline: {name})"] = scores
