@@ -53,7 +53,7 @@ def plot_metrics(rows: Sequence[Dict], png_path: str, title: str = "") -> Option
     evals = sorted((r for r in rows if "eval/loss" in r), key=lambda r: r["step"])
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval/loss"] for r in evals], "o-", label="eval")
-    ax.set(xlabel="step", ylabel="loss", title=title or "loss")
+    ax.set(xlabel="step", ylabel="loss", title=f"loss: {title}" if title else "loss")
     ax.grid(alpha=0.3)
     ax.legend()
     if accuracies:

@@ -61,6 +61,7 @@ def test_ctrl_c_saves_exits_75_and_the_rerun_resumes(tmp_path):
     resumed = t2t_train(tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step 3 ({tmp_path})" in resumed.stderr
+    assert "Metadata file does not exist" not in resumed.stderr     # orbax's noise, silenced
     steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
     assert steps == [1, 2, 3, 4, 5, 6]                   # step 4's replay is not a duplicate
     assert "loss" in resumed.stdout and " at step 1 -> " in resumed.stdout
