@@ -1,6 +1,6 @@
 """Feature converters: task examples -> model features for each architecture.
 
-Feature names and conventions follow seqio/t5x (see DESIGN.md "Contracts"). Every converter
+Feature names and conventions follow seqio/t5x (see docs/design.md, "Features"). Every converter
 does three things, split so the pipeline can run the first in workers and the rest once
 per batch:
 

@@ -44,7 +44,7 @@ class BertModel(nn.Module):
     def __call__(self, encoder_input_tokens, encoder_segment_ids=None, token_type_ids=None,
                  encoder_positions=None, masked_positions=None, *,
                  deterministic: bool = True) -> Dict[str, jax.Array]:
-        """Features as in DESIGN.md -> {"hidden", "pooled", "mlm_logits", "nsp_logits"}.
+        """Features as in docs/design.md -> {"hidden", "pooled", "mlm_logits", "nsp_logits"}.
 
         MLM logits are computed only at `masked_positions` [batch, p] when given
         (BERT's own choice, and p/length of the vocab-projection FLOPs).
