@@ -91,9 +91,12 @@ def tpu_vm(verb, argv):
         return
     node, command = argv[5], flag(argv, "command")
     fakebin = ROOT / "fakebin"
-    fakebin.mkdir(exist_ok=True)
-    (fakebin / "python3").write_text(PYTHON3)
-    (fakebin / "python3").chmod(0o755)
+    if not (fakebin / "python3").exists():          # slices' ssh calls run concurrently
+        fakebin.mkdir(exist_ok=True)
+        tmp = fakebin / f"python3.{os.getpid()}"
+        tmp.write_text(PYTHON3)
+        tmp.chmod(0o755)
+        os.replace(tmp, fakebin / "python3")
     code = 0
     for home in homes(node, flag(argv, "worker")):
         env = {"HOME": str(home), "PATH": f"{fakebin}:{os.environ['PATH']}"}

@@ -56,13 +56,13 @@ def _fake_cloud(tmp_path, monkeypatch, script, schedule, workers=1):
 
 
 def _calls(state):
-    """The fake's calls, each as (group, verb)."""
+    """The fake's calls, each its argv after `gcloud`."""
     path = state / "calls.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return rows
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _verbs(calls):
+    """Each call as its verb, ssh calls as `ssh:` plus which remote script they ran."""
     out = []
     for argv in calls:
         command = next((a.split("=", 1)[1] for a in argv if a.startswith("--command=")), "")
