@@ -9,6 +9,7 @@ rerun compiles only missing cells); the table is written between the README's
 compile-table markers.
 
     python benchmarks/compile_table.py [--models t5_base,bert_base] [--hardware v4-8] [--redo]
+    python benchmarks/compile_table.py --render-only     # the README table from the JSON
 """
 from __future__ import annotations
 
@@ -122,12 +123,14 @@ def main() -> int:
     parser.add_argument("--hardware", default=",".join(HARDWARE))
     parser.add_argument("--redo", action="store_true", help="recompile cells already done")
     parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--render-only", action="store_true", help="compile nothing")
     args = parser.parse_args()
     cells = json.loads(CELLS.read_text()) if CELLS.exists() else {}
     for hardware in args.hardware.split(","):
         for model in args.models.split(","):
             key = f"{model}|{hardware}"
-            if key in cells and "error" not in cells[key] and not args.redo:
+            if args.render_only or (key in cells and "error" not in cells[key]
+                                    and not args.redo):
                 continue            # done (errors are retried: most are the config's)
             cells[key] = run_cell(model, hardware)
             c = cells[key]

@@ -414,6 +414,7 @@ def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Repo
             exp, batch = build(step)
         trainer = exp.trainer
         trainer.abstract_batch(batch)           # checks the batch divides the data axes
+        trainer.abstract_init(batch)            # and every parameter its mesh axes
     except ValueError as e:
         message = str(e).splitlines()[0]
         if isinstance(e, UserError) or not any(

@@ -89,6 +89,7 @@ def test_datasheet_peaks_match_flops_table():
     (["--topology=v5e-8"], "needs 256 devices but 8 are available (on v5e-8: 8 chips)"),
     (["--gin.BATCH_SIZE=100"], "global batch size 100 is not divisible by the 128 ways"),
     (["--num_slices=2"], "but --num_slices=2; bind MeshConfig.dcn_data=2"),
+    (["--gin.TransformerConfig.num_heads=3"], "(heads=3) is not divisible by mesh axis tensor=2"),
 ])
 def test_bad_requests_are_one_line_before_compiling(capsys, args, says):
     code, out, err = _run(capsys, _args("t5", "tpu_v5e_256", *args))
