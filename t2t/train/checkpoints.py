@@ -92,12 +92,19 @@ def check_compatible(stored: PyTree, target: PyTree, *, check_dtypes: bool = Tru
 
 
 def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str:
-    """One line: how many parameters differ, the first three, and the likely cause."""
-    shared = set(have) & set(want)
-    first = "; ".join(p.split(" — ")[0] for p in problems[:3])
+    """One line: how many parameters differ, the first three, and the likely cause. In a
+    train state only the model parameters (``params/...``) count: optimizer slots follow
+    them."""
+    def model_params(paths):
+        params = {p for p in paths if p.startswith("params/")}
+        return params or set(paths)
+
+    have_p, want_p = model_params(have), model_params(want)
+    shown = [p for p in problems if p.split(":")[0] in have_p | want_p] or problems
+    first = "; ".join(p.split(" — ")[0] for p in shown[:3])
     cause = ("different family or model: the checkpoint and the model share no parameter "
-             "name" if not shared else "different model size or config?")
-    return (f"{where} does not fit the model: {len(problems)} of {len(set(have) | set(want))} "
+             "name" if not have_p & want_p else "different model size or config?")
+    return (f"{where} does not fit the model: {len(shown)} of {len(have_p | want_p)} "
             f"parameters differ ({cause}); first: {first}. Check --gin_file and the model "
             "bindings, or start in a new MODEL_DIR")
 

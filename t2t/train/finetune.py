@@ -70,7 +70,7 @@ def latest_step(ckpt_dir: str) -> Optional[int]:
 
 
 def restore_params(path: str, target: Optional[Params] = None,
-                   step: Optional[int] = None) -> Params:
+                   step: Optional[int] = None, what: str = "initial checkpoint") -> Params:
     """The parameters of a t2t checkpoint's `step` (default: latest), without optimizer or
     data state. `target`: abstract params with shardings (shapes and dtypes are checked,
     every mismatch named); None restores the stored tree as numpy arrays."""
@@ -87,7 +87,7 @@ def restore_params(path: str, target: Optional[Params] = None,
         target = jax.tree.map(lambda m: np.zeros((), m.dtype), stored)
         restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     else:
-        check_compatible(stored, target, where=f"checkpoint {path} (step {step})")
+        check_compatible(stored, target, where=f"{what} {path} (step {step})")
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
         item={"params": target}, restore_args={"params": restore_args}, partial_restore=True))
@@ -477,7 +477,7 @@ def restore_experiment(step: Optional[int] = None) -> tuple[experiment_lib.Exper
     if latest_step(os.path.join(model_dir, "checkpoints")) is None:
         raise FileNotFoundError(f"MODEL_DIR {model_dir!r} has no checkpoints; run "
                                 "`t2t finetune` (or `t2t train`) first")
-    return exp, restore_params(model_dir, abstract_params(exp), step)
+    return exp, restore_params(model_dir, abstract_params(exp), step, what="MODEL_DIR")
 
 
 def abstract_params(exp: experiment_lib.Experiment) -> Params:
