@@ -4,7 +4,7 @@ Every file t2t writes under MODEL_DIR goes through `etils.epath` (which orbax us
 local paths as they are, `gs://` through gcsfs (the `gcs` extra; `s3://` needs s3fs).
 Checkpoint arrays go through tensorstore, which speaks gs:// itself. Object stores cannot
 append to a file, so files that grow (metrics.jsonl, TensorBoard event files) are rewritten
-whole now and then; see `t2t.train.logging`.
+whole now and then; see `t2t.train.metrics_log`.
 """
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def run() -> TrainResult:
 
 def run_metrics(model_dir: str) -> list:
     """MODEL_DIR/metrics.jsonl's rows (every step of the run, restarts included)."""
-    from t2t.train.logging import read_metrics
+    from t2t.train.metrics_log import read_metrics
     path = os.path.join(model_dir, "metrics.jsonl")
     return read_metrics(path) if storage.path(path).exists() else []
 

@@ -27,7 +27,7 @@ from t2t.models.base import Model
 from t2t.train import flops as flops_lib
 from t2t.train import partitioning
 from t2t.train.checkpoints import Checkpointer
-from t2t.train.logging import MetricsLogger
+from t2t.train.metrics_log import MetricsLogger
 from t2t.train.optimizers import accumulate_gradients
 
 _log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import pytest
 from t2t.cli import main
 from t2t.errors import EXIT_PREEMPTED
 from t2t.train import curves
-from t2t.train.logging import MetricsLogger
+from t2t.train.metrics_log import MetricsLogger
 from t2t.train.trainer import Trainer, _Preemption
 
 # Runs the CLI; with SIGNAL_AFTER=k the process sends itself SIGNAL once step k has finished.

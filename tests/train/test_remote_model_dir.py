@@ -12,7 +12,7 @@ from t2t.errors import UserError
 from t2t.evaluation import evaluator
 from t2t.train import experiment, finetune
 from t2t.train.checkpoints import Checkpointer
-from t2t.train.logging import read_metrics, read_tensorboard_scalars
+from t2t.train.metrics_log import read_metrics, read_tensorboard_scalars
 from tests.train.gcs_emulator import emulated_gcs
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t2t.train import logging as tlog
+from t2t.train import metrics_log as tlog
 
 
 class _Boom:
