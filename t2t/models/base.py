@@ -14,9 +14,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from t2t.models import decoding
+from t2t.models import decoding, losses
 from t2t.nn.config import TransformerConfig
-from t2t.train import losses
 
 Batch = Mapping[str, jax.Array]
 Metrics = Dict[str, jax.Array]

@@ -8,12 +8,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.models import losses
 from t2t.models.base import LossConfig, Model
-from t2t.models.heads import Classifier, MlmHead, Pooler, gather_positions
+from t2t.models.heads import Classifier, MlmHead, Pooler
 from t2t.nn.config import TransformerConfig
 from t2t.nn.embed import token_embed
+from t2t.nn.gather import gather_positions
 from t2t.nn.stacks import Encoder
-from t2t.train import losses
 
 
 class BertModel(nn.Module):

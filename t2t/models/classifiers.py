@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from t2t.models import losses
 from t2t.models.base import Batch, LossConfig, Metrics, Model
 from t2t.models.heads import Classifier, Pooler
 from t2t.nn.config import TransformerConfig
 from t2t.nn.embed import token_embed
 from t2t.nn.stacks import Decoder, Encoder
-from t2t.train import losses
 
 _log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from flax import traverse_util
 
 from t2t.models.base import LossConfig, Model
 from t2t.models.bert import BertModel
-from t2t.models.heads import gather_positions
 from t2t.nn.config import TransformerConfig
+from t2t.nn.gather import gather_positions
 
 Params = Dict[str, Any]
 
@@ -142,6 +142,7 @@ def distill_teacher(path: str = gin.REQUIRED) -> Tuple[TransformerConfig, Params
     the vocabulary size read from its token table) or a Hugging Face BERT directory with
     an MLM head."""
     import os
+
     from t2t.errors import UserError
     if os.path.isfile(os.path.join(path, "config.json")):
         from t2t.convert.hf import load_bert

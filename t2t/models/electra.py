@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from t2t.models.base import LossConfig, Model
-from t2t.models.heads import MlmHead, gather_positions
+from t2t.models.heads import MlmHead
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.embed import Embedder, token_embed
+from t2t.nn.gather import gather_positions
 from t2t.nn.mlp import get_activation
 from t2t.nn.stacks import Encoder
 

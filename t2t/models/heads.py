@@ -14,11 +14,6 @@ from t2t.nn.mlp import get_activation
 from t2t.nn.norms import make_norm
 
 
-def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
-    """x [batch, length, d], positions [batch, p] -> [batch, p, d]."""
-    return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
-
-
 class Pooler(nn.Module):
     """BERT pooler: tanh(W · h[CLS] + b).  [batch, length, d] -> [batch, d]."""
 

@@ -16,7 +16,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from t2t.models.heads import gather_positions
+from t2t.nn.gather import gather_positions
 
 
 def _smoothing_constants(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:

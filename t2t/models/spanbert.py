@@ -13,10 +13,10 @@ import jax.numpy as jnp
 
 from t2t.models.base import LossConfig
 from t2t.models.bert import BertModel, BertPretrainingModel
-from t2t.models.heads import gather_positions
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, embedding_init, kernel_init
 from t2t.nn.embed import Embed
+from t2t.nn.gather import gather_positions
 from t2t.nn.norms import make_norm
 
 

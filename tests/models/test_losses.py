@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from t2t.train import losses
+from t2t.models import losses
 
 
 def _np_log_softmax(x):

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from t2t.train import losses
+from t2t.models import losses
 from t2t.train import optimizers as opt
 
 
