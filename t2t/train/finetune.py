@@ -13,7 +13,7 @@ If MODEL_DIR already has checkpoints the run resumes from them, exactly as pretr
 (`trainer.fit`). With `EPOCHS` the run lasts ceil(epochs x train examples / batch) steps
 (for packed text-to-text batches an epoch is then an upper bound), and `warmup_fraction`
 sizes the schedule's warmup. Afterwards the task's `validation` and `test` splits are scored
-(`t2t.evaluation.evaluator`) into MODEL_DIR/metrics.json and results.md.
+(`t2t.train.evaluator`) into MODEL_DIR/metrics.json and results.md.
 """
 from __future__ import annotations
 
@@ -37,9 +37,8 @@ from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.data.benchmarks import classification_examples, spread
-from t2t.evaluation import evaluator
+from t2t.train import evaluator, optimizers
 from t2t.train import experiment as experiment_lib
-from t2t.train import optimizers
 from t2t.train.checkpoints import Checkpointer, check_compatible
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, TrainState, fit
 
@@ -266,9 +265,13 @@ def bert_files_experiment(task: str = gin.REQUIRED,
                           trainer_fn: Optional[Callable[..., Trainer]] = None
                           ) -> ClassifierExperiment:
     """The BERT experiment a task over your files needs: `span_qa_experiment` for
-    SQuAD-format files, else `classifier_experiment` (a classifier or a regressor)."""
-    if getattr(tasks_lib.get_task(task), "kind", None) == "span_qa":
+    SQuAD-format files, `tagging_experiment` for CoNLL files, else `classifier_experiment`
+    (a classifier or a regressor)."""
+    kind = getattr(tasks_lib.get_task(task), "kind", None)
+    if kind == "span_qa":
         return span_qa_experiment(task=task, trainer_fn=trainer_fn)
+    if kind == "tagging":
+        return tagging_experiment(task=task, trainer_fn=trainer_fn)
     return classifier_experiment(task=task, trainer_fn=trainer_fn)
 
 
@@ -340,6 +343,79 @@ def span_qa_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
     exp.trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, windows) if trainer_fn
                    else experiment_lib.make_trainer(model, train_cfg))
     return exp
+
+
+@dataclasses.dataclass
+class TaggingExperiment(ClassifierExperiment):
+    """A BERT `TokenTagger` experiment (CoNLL NER): a tag per word on its first WordPiece
+    (`t2t.data.tagging`), scored per word by the task's metrics (token accuracy, entity F1)."""
+
+    def tag_features(self, split: str, max_examples: Optional[int] = None):
+        from t2t.data import tagging
+        source = self.task.get_source(split)
+        records = [source[i] for i in spread(len(source), max_examples)]
+        return tagging.tag_features(records, self.vocabulary, self.task.label_names,
+                                    self.max_length)
+
+    def train_features(self) -> Dict[str, np.ndarray]:
+        return self.tag_features(self.task.splits[0], self.max_train_examples).features
+
+    def predict_tags(self, params: Params, tags, batch_size: int) -> List[List[str]]:
+        """Each sentence's predicted tag names, one per word."""
+        from t2t.data import tagging
+        predict = jax.jit(self.trainer.model.predict)
+        inputs = {k: v for k, v in tags.features.items() if k != "tag_labels"}
+        n, out = len(inputs["encoder_input_tokens"]), []
+        for start in range(0, n, batch_size):
+            batch = {k: np.concatenate([v[start:start + batch_size],
+                                        np.zeros((max(0, start + batch_size - n),
+                                                  *v.shape[1:]), v.dtype)])
+                     for k, v in inputs.items()}
+            out.append(np.asarray(predict(params, batch))[:n - start])
+        ids = np.concatenate(out) if out else np.zeros((0, self.max_length), np.int32)
+        return tagging.word_tags(ids, tags, self.task.label_names)
+
+    def evaluate(self, params: Params, split: str, batch_size: int,
+                 max_examples: Optional[int] = None,
+                 details: Optional[dict] = None) -> Dict[str, float]:
+        """The task's metrics over words; ``details`` as `evaluator.evaluate` fills it."""
+        tags = self.tag_features(split, max_examples)
+        gold = [r["tags"] for r in (self.task.get_source(split)[i] for i in spread(
+            len(self.task.get_source(split)), max_examples))]
+        predicted = self.predict_tags(params, tags, batch_size)
+        if details is not None:
+            details["rows"] = [{"input": " ".join(w), "target": g, "prediction": p}
+                               for w, g, p in zip(tags.words, gold, predicted)]
+            baseline = evaluator.trivial_baseline(self.task)
+            if baseline is not None:
+                details["baseline"] = (baseline[0], evaluator.apply_metrics(
+                    self.task, gold, [[baseline[1]] * len(g) for g in gold]))
+        return evaluator.apply_metrics(self.task, gold, predicted)
+
+
+@gin.configurable
+def tagging_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+                       max_length: int = 128, pretrained: Optional[str] = None,
+                       vocabulary: Optional[str] = None, lowercase: bool = True,
+                       max_train_examples: Optional[int] = None,
+                       trainer_fn: Optional[Callable[..., Trainer]] = None
+                       ) -> TaggingExperiment:
+    """A `TokenTagger` over `task`'s tags (its ``label_names``; records ``{"tokens",
+    "tags"}``), sentences cut to `max_length` pieces; trunk as `classifier_experiment`."""
+    from t2t.models.classifiers import TokenTagger
+    task_obj = tasks_lib.get_task(task)
+    model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
+    model = TokenTagger(model_cfg, len(task_obj.label_names))
+    size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
+    train_cfg = TrainConfig()
+    trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
+               else experiment_lib.make_trainer(model, train_cfg))
+    if hasattr(task_obj, "bad_lines"):
+        from t2t.data import data_report
+        data_report.announce(task_obj, None, batch_size, trainer.config.train_steps,
+                             model_dir=trainer.config.model_dir)
+    return TaggingExperiment(trainer, task_obj, None, batch_size, None, wordpiece, max_length,
+                             max_train_examples)
 
 
 @gin.configurable
@@ -431,10 +507,12 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
                   "prefix_lm": isinstance(exp.converter, conv.PrefixLMConverter)}
     for split in splits:
         start = time.perf_counter()
+        more = {} if details is None else {"details": details.setdefault(split, {})}
         if isinstance(exp, SpanQAExperiment):
             scores = exp.evaluate(params, split, batch_size, max_examples)
+        elif isinstance(exp, TaggingExperiment):
+            scores = exp.evaluate(params, split, batch_size, max_examples, **more)
         else:
-            more = {} if details is None else {"details": details.setdefault(split, {})}
             scores = evaluator.evaluate(model, params, exp.task, split, batch_size=batch_size,
                                         max_examples=max_examples, **kwargs, **more,
                                         **decode_options)
@@ -484,6 +562,7 @@ def abstract_params(exp: experiment_lib.Experiment) -> Params:
     """The model's parameters as ShapeDtypeStructs with their mesh shardings (nothing is
     initialised or compiled): a restore target."""
     import flax.linen as nn
+
     from t2t.train import partitioning
     trainer, batch = exp.trainer, next(exp.data())
     with partitioning.sharding_context(trainer.mesh, trainer.rules):
@@ -576,6 +655,13 @@ def infer_lines(exp: experiment_lib.Experiment, params: Params, lines: Sequence[
     if isinstance(exp, SpanQAExperiment):
         raise ValueError("span QA answers a question about a context, not one line: score "
                          "a split with `t2t eval` instead")
+    if isinstance(exp, TaggingExperiment):
+        from t2t.data import tagging
+        words = [line.split() for line in lines]
+        tags = tagging.tag_features([{"tokens": w, "tags": ["O"] * len(w)} for w in words],
+                                    exp.vocabulary, exp.task.label_names, exp.max_length)
+        found = exp.predict_tags(params, tags, batch_size)
+        return [" ".join(f"{w}/{t}" for w, t in zip(ws, ts)) for ws, ts in zip(words, found)]
     if _is_classifier(exp):
         return _classify_lines(exp, params, lines, batch_size)
     vocab = exp.task.vocabulary

@@ -11,15 +11,13 @@ from t2t.data import benchmarks as B
 from t2t.data import bundled
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import get_task, remove_task
-from t2t.evaluation.evaluator import compute_metrics
+from t2t.train.evaluator import compute_metrics
 
 tfds = pytest.importorskip("tensorflow_datasets")
 logging.getLogger("absl").setLevel(logging.ERROR)  # "no dataset_info.json" for every mock
 
 
 from tests.data.helpers import verses as _verses
-
-
 
 
 @pytest.fixture

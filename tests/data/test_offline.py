@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from t2t.data import builders, bundled, offline
-from t2t.data.converters import EncDecConverter
 from t2t.data.benchmarks import spread
+from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import bible_sentencepiece, get_task, registered_tasks
-from t2t.evaluation.evaluator import compute_metrics
+from t2t.train.evaluator import compute_metrics
 
 SIZES = {  # as documented in t2t.data.offline
     "bible_translate_en_es": (27850, 1678, 1549),
@@ -20,7 +20,6 @@ SIZES = {  # as documented in t2t.data.offline
 }
 
 
-from tests.data.helpers import verses as _verses
 
 
 

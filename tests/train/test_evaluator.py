@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from t2t.data import bundled
 from t2t.data import benchmarks as B
+from t2t.data import bundled
 from t2t.data.converters import EncDecConverter
 from t2t.data.sources import ListSource
 from t2t.data.vocab import SentencePieceVocabulary, WordPieceVocabulary
-from t2t.evaluation import evaluator, metrics
+from t2t.evaluation import metrics
+from t2t.train import evaluator
 
 LABELS = ("ham", "spam")
 MAIL = [("Lunch at noon?", 0), ("Minutes attached.", 0), ("Win a prize now!", 1),
