@@ -286,24 +286,6 @@ def make_mixture_pipeline(components: Sequence[tuple[RandomAccessSource, Preproc
                          read_threads=read_threads, prefetch=prefetch, config=config)
 
 
-def to_global_arrays(batch: Mapping[str, np.ndarray], mesh, partition_spec=None) -> dict:
-    """Process-local numpy batch -> global ``jax.Array``s sharded over the batch axis.
-
-    ``partition_spec`` applies to the leading dims (truncated for [batch] features); by default
-    the batch is split over the mesh's ``data`` and ``fsdp`` axes (or its first axis).
-    """
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    if partition_spec is None:
-        axes = tuple(a for a in mesh.axis_names if a in ("data", "fsdp")) or mesh.axis_names[:1]
-        partition_spec = PartitionSpec(axes)
-    spec = tuple(partition_spec)
-    return {key: jax.make_array_from_process_local_data(
-                NamedSharding(mesh, PartitionSpec(*spec[:np.ndim(value)])), np.asarray(value))
-            for key, value in batch.items()}
-
-
 def take(iterator: Iterable[dict], n: int) -> list[dict]:
     """The next ``n`` batches (fewer at the end of a finite stream)."""
     out = []

@@ -32,7 +32,7 @@ import contextvars
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import flax.linen as nn
 import gin
@@ -40,7 +40,8 @@ import jax
 import numpy as np
 import optax
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv", "joined_kv", "vocab",
@@ -310,6 +311,25 @@ def logical_sharding(mesh: Mesh, names: Sequence[Optional[str]],
 def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
     """Sharding of input batches: dimension 0 over the ``batch`` rule (data, fsdp)."""
     return logical_sharding(mesh, ("batch",), rules)
+
+
+def to_global_arrays(batch: Mapping[str, np.ndarray], mesh: Mesh,
+                     partition_spec: Optional[P] = None, rules: Rules = DEFAULT_RULES) -> dict:
+    """Process-local numpy batch -> global ``jax.Array``s sharded over the batch axis.
+
+    ``partition_spec`` applies to the leading dims (truncated for [batch] features); by
+    default the batch is split over the mesh axes the ``batch`` rule names that this mesh
+    has (or its first axis).
+    """
+    if partition_spec is None:
+        wanted = dict(rules)["batch"]
+        wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted or ())
+        axes = tuple(a for a in wanted if a in mesh.axis_names) or mesh.axis_names[:1]
+        partition_spec = P(axes)
+    spec = tuple(partition_spec)
+    return {key: jax.make_array_from_process_local_data(
+                NamedSharding(mesh, P(*spec[:np.ndim(value)])), np.asarray(value))
+            for key, value in batch.items()}
 
 
 def abstract_sharded(init_fn: Callable[..., Any], rng: Any, *args: Any, mesh: Mesh,

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from t2t.data.pipeline import to_global_arrays
 from t2t.models.base import Model
 from t2t.train import flops as flops_lib
 from t2t.train import partitioning
@@ -173,7 +173,7 @@ class Trainer:
     def global_batch(self, batch: Dict[str, np.ndarray]):
         """Process-local numpy rows -> global arrays sharded over (data, fsdp)."""
         rows = next(iter(batch.values())).shape[0] * jax.process_count()
-        return to_global_arrays(batch, self.mesh, self._batch_sharding(rows).spec)
+        return partitioning.to_global_arrays(batch, self.mesh, self._batch_sharding(rows).spec)
 
     def _batch_sharding(self, global_rows: int) -> NamedSharding:
         """The batch sharding, after checking that it divides `global_rows`."""

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from t2t.data.converters import EncDecConverter, LMConverter
-from t2t.data.pipeline import make_mixture_pipeline, make_pipeline, take, to_global_arrays
+from t2t.data.pipeline import make_mixture_pipeline, make_pipeline, take
 from t2t.data.preprocessors import SkipExample, span_corruption
 from t2t.data.sources import InvalidRecord, ListSource
+from t2t.train.partitioning import to_global_arrays
 
 N = 37  # records; record r has tokens [1000 r + 1, ..., 1000 r + len] with len in 1..12
 
