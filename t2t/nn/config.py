@@ -12,6 +12,7 @@ POSITION_TYPES = ("learned", "sinusoidal", "relative", "rotary", "none")
 ATTENTION_SCALES = ("sqrt", "folded")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 KERNEL_INITS = ("variance_scaling", "normal")
+DTYPES = ("float32", "bfloat16", "auto")
 
 
 @gin.configurable
@@ -75,7 +76,9 @@ class TransformerConfig:
     scan_layers: bool = False         # nn.scan over layers: compile time flat in depth
     remat_policy: str = "none"        # none | full | dots | dots_with_no_batch_dims
 
-    dtype: str = "float32"            # computation dtype ("bfloat16" on TPU)
+    dtype: str = "float32"            # float32 | bfloat16 (bf16 matmul inputs, float32
+    #   accumulation, norms, softmax and loss) | auto (bfloat16 where this device runs it
+    #   faster: TPU, GPUs from Ampere, CPUs with AVX512_BF16/AMX; resolved when built)
     param_dtype: str = "float32"      # parameters stay float32
     kernel_init: str = "variance_scaling"  # T5 (fan-in scaled) | "normal" (BERT, GPT-2)
     initializer_range: float = 0.02   # std of the "normal" init
@@ -86,6 +89,10 @@ class TransformerConfig:
         _check_choice("attention_scale", self.attention_scale, ATTENTION_SCALES)
         _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
         _check_choice("kernel_init", self.kernel_init, KERNEL_INITS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        if self.dtype == "auto":   # host detection reads /proc/cpuinfo: it lives in train/
+            from t2t.train.precision import resolve_dtype
+            object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.share_encoder_decoder and self.scan_layers:
             raise ValueError("share_encoder_decoder=True needs scan_layers=False")
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))

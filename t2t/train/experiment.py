@@ -22,7 +22,7 @@ from t2t.data import tasks as tasks_lib
 from t2t.models.base import LossConfig
 from t2t.models.families import make_model
 from t2t.nn.config import TransformerConfig
-from t2t.train import curves, optimizers, partitioning
+from t2t.train import curves, optimizers, partitioning, precision
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
 
 _log = logging.getLogger(__name__)
@@ -146,7 +146,18 @@ def operative_config(exp: Experiment) -> str:
     if model_cfg.vocab_size != bound.vocab_size:
         config_str += (f"\n# TransformerConfig.vocab_size {bound.vocab_size} was replaced by "
                        f"{model_cfg.vocab_size}: the task vocabulary's padded size.\n")
+    if _bound_dtype() == "auto":
+        config_str += (f"\n# TransformerConfig.dtype 'auto' resolved to {model_cfg.dtype!r} on "
+                       f"this host: {precision.auto_choice().describe()}.\n")
     return config_str
+
+
+def _bound_dtype() -> Optional[str]:
+    """TransformerConfig.dtype as the gin config binds it (None: not bound)."""
+    try:
+        return gin.query_parameter("TransformerConfig.dtype")
+    except ValueError:
+        return None
 
 
 def write_operative_config(exp: Experiment) -> str:
