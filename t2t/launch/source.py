@@ -16,7 +16,7 @@ _SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "runs", "
 def default_checkout() -> Optional[pathlib.Path]:
     """The checkout this t2t runs from (an editable install), or None for a wheel."""
     root = pathlib.Path(__file__).resolve().parents[2]
-    return root if (root / "setup.cfg").is_file() and (root / "configs").is_dir() else None
+    return root if (root / "pyproject.toml").is_file() and (root / "configs").is_dir() else None
 
 
 def files(root: pathlib.Path) -> List[str]:
@@ -39,8 +39,8 @@ def check(root: Optional[pathlib.Path]) -> None:
     """A LaunchError unless `root` is a checkout to install from."""
     if root is None:
         raise LaunchError("t2t is not running from a checkout: pass --source=PATH_TO_T2T_CLONE")
-    if not (pathlib.Path(root) / "setup.cfg").is_file():
-        raise LaunchError(f"--source {root}: not a t2t checkout (no setup.cfg); pass the "
+    if not (pathlib.Path(root) / "pyproject.toml").is_file():
+        raise LaunchError(f"--source {root}: not a t2t checkout (no pyproject.toml); pass the "
                           "directory of your t2t clone")
 
 

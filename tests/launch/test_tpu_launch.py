@@ -47,7 +47,7 @@ def _fake_cloud(tmp_path, monkeypatch, script, schedule, workers=1):
     (bin_dir / "gcloud").chmod(0o755)
     (state / "script.json").write_text(json.dumps(script))
     (bucket / "schedule.json").write_text(json.dumps(schedule))
-    (checkout / "setup.cfg").write_text("[metadata]\nname = t2t\n")
+    (checkout / "pyproject.toml").write_text("[project]\nname = \"t2t\"\n")
     (checkout / "fake_t2t.py").write_text(FAKE_TRAINER % workers)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_GCLOUD", str(state))
