@@ -234,3 +234,28 @@ def test_data_report_counts_budget_and_warnings(tmp_path, caplog, spm):
     assert {k: saved[k] for k in ("undecodable", "missing_field", "empty", "truncated")} == \
         {"undecodable": 1, "missing_field": 0, "empty": 0, "truncated": 1}
     assert np.isclose(per_row, data_report.examples_per_row(converter, r, task, 8))
+
+
+def test_tag_features_first_pieces_and_words_back(tmp_path):
+    from t2t.data import tagging
+    from t2t.data.vocab import WordPieceVocabulary
+    vocab = WordPieceVocabulary.train(["john lives in rome", "mary visits paris"] * 20,
+                                      tmp_path / "vocab.txt", 100)
+    records = [{"tokens": ["John", "lives", "in", "Rome"], "tags": ["B-PER", "O", "O", "B-LOC"]},
+               {"tokens": ["Mary", "visits", "Paris", "today"],
+                "tags": ["B-PER", "O", "B-LOC", "O"]}]
+    names = ("O", "B-LOC", "B-PER")
+    tags = tagging.tag_features(records, vocab, names, max_length=7)
+    f = tags.features
+    pieces = [vocab.encode(w, add_special_tokens=False) for w in records[0]["tokens"]]
+    assert f["encoder_input_tokens"][0, :sum(map(len, pieces)) + 2].tolist() == \
+        [vocab.cls_id, *sum(pieces, []), vocab.sep_id]
+    assert [f["tag_labels"][0, p] for p in tags.first[0]] == [2, 0, 0, 1]
+    assert (f["tag_labels"][0] >= 0).sum() == 4                 # first pieces only
+    assert tags.truncated == (sum(len(vocab.encode(w, add_special_tokens=False))
+                                  for w in records[1]["tokens"]) > 5)
+    predicted = f["tag_labels"].clip(0)                          # a perfect tagger
+    back = tagging.word_tags(predicted, tags, names)
+    assert back[0] == records[0]["tags"]
+    assert len(back[1]) == 4 and back[1][:len(tags.first[1])] == \
+        records[1]["tags"][:len(tags.first[1])]

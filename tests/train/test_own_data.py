@@ -134,3 +134,30 @@ def test_bert_classifier_on_your_csv(tmp_path, cache, capsys):
     assert [p["target"] for p in predictions if p["split"] == "test"] == test_labels
     assert {p["prediction"] for p in predictions} <= {"calm", "storm"}
     assert os.path.isfile(model_dir / "data.json")
+
+
+@pytest.mark.slow
+def test_bert_tagger_on_your_conll(tmp_path, cache):
+    names = ["ann", "bob", "cy"]
+    places = ["rome", "oslo", "lima"]
+    sentences = [[(names[i % 3], "B-PER"), ("went", "O"), ("to", "O"), (places[i % 3], "B-LOC")]
+                 for i in range(12)]
+    for name, part in (("train", sentences[:8]), ("test", sentences[8:])):
+        text = "\n\n".join("\n".join(f"{w} {t}" for w, t in s) for s in part)
+        (tmp_path / f"{name}.conll").write_text(text + ("\n\nbroken\n" if name == "train" else "\n"))
+    vocab = WordPieceVocabulary.train([" ".join(w for w, _ in s) for s in sentences],
+                                      tmp_path / "vocab.txt", 100)
+    model_dir = tmp_path / "tagger"
+    assert main(["finetune", "--gin_file=experiments/finetune_bert_from_files.gin",
+                 "--gin_file=models/bert/test.gin", f"--gin.TRAIN_FILES={tmp_path}/train.conll",
+                 f"--gin.TEST_FILES={tmp_path}/test.conll", f"--gin.MODEL_DIR={model_dir}",
+                 "--gin.INITIAL_CHECKPOINT=None", "--gin.EPOCHS=None", "--gin.TRAIN_STEPS=2",
+                 "--gin.MAX_LENGTH=16", "--gin.BATCH_SIZE=8",
+                 f"--gin=tagging_experiment.vocabulary='{vocab.vocab_file}'",
+                 *[f"--gin={b}" for b in FAST]]) == 0
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["data"]["train"]["missing_field"] == 1          # the tagless line
+    assert {"accuracy", "f1"} <= set(metrics["from_files/test"])
+    assert metrics["baselines"]["test"]["scores"]["accuracy"] == 50.0   # all "O"
+    rows = [json.loads(line) for line in open(model_dir / "predictions.jsonl")]
+    assert rows[0]["input"] == "cy went to lima" and len(rows[0]["prediction"]) == 4
