@@ -277,11 +277,6 @@ class ShardedSource:
                 f"[{self.start}, {self.stop}))")
 
 
-def shard_source(source: RandomAccessSource, process_index: int | None = None,
-                 process_count: int | None = None) -> ShardedSource:
-    return ShardedSource(source, process_index, process_count)
-
-
 class ListSource:
     """An in-memory sequence as a source (tests, small corpora)."""
 

@@ -239,16 +239,6 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
     return compute_metrics(task, examples, predictions)
 
 
-def evaluate_tasks(model, params, tasks: Sequence[str | FinetuneTask], split: str = "validation",
-                   **kwargs) -> dict[str, dict[str, float]]:
-    """``evaluate`` over several tasks: ``{task name: metrics}``."""
-    out = {}
-    for task in tasks:
-        task = get_task(task) if isinstance(task, str) else task
-        out[task.name] = evaluate(model, params, task, split, **kwargs)
-    return out
-
-
 def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
     """A markdown table: one row per task, one column per metric (first-seen order)."""
     columns: list[str] = []
