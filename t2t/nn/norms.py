@@ -4,8 +4,9 @@ Both go through one normalisation with a hand-written backward pass (`normalize`
 dx = r·(g·γ − mean(g·γ) − x̂·mean(g·γ·x̂)) in one fused expression. Left to autodiff, the
 mean-subtraction's backward leaves a per-row term in every residual-stream gradient, and
 XLA:CPU then re-fuses the whole chain of residual additions into each consumer (the HLO of
-a GPT-2 small step held 5× the additions); the explicit form is 7% faster per GPT-2 train
-step on CPU (benchmarks/README.md) and gives the same gradients (tests/nn/test_layers.py).
+a GPT-2 small step held several times the additions); the explicit form is faster per
+GPT-2 train step on CPU (measured by benchmarks/train_step.py, recorded in
+benchmarks/README.md) and gives the same gradients (tests/nn/test_layers.py).
 Like every `jax.custom_vjp`, it supports reverse-mode autodiff only (no `jax.jvp`).
 """
 from __future__ import annotations
