@@ -3,13 +3,14 @@
 `from_files` reads labelled files (`t2t.data.user_files.RecordFiles`) into a `FinetuneTask`
 of one kind, decided by the files and the fields named:
 
-| kind | given | inputs -> targets (T5) | BERT head | default metrics |
-|---|---|---|---|---|
-| text_to_text | input_field, target_field | prefix + input -> target | - | bleu, chrf |
-| classification | text_field (+ text_pair_field), label_field | prefix + text -> label | SequenceClassifier | accuracy, f1_macro |
-| regression | the same, every label a number, some not whole | prefix + text -> "3.8" | Regressor | pearson, spearman |
-| span_qa | SQuAD-format .json | question: .. context: .. -> answer | SpanQA | squad (em, f1) |
-| tagging | CoNLL files (.conll, .iob, .bio) | - | TokenTagger | accuracy, f1 (entities) |
+* text_to_text (input_field, target_field): T5 ``prefix input -> target``; bleu, chrf.
+* classification (text_field, text_pair_field for pairs, label_field): T5 ``prefix text ->
+  label``, BERT `SequenceClassifier`; accuracy, f1_macro.
+* regression (as classification, every label a number and some not whole): T5 ``-> "3.8"``,
+  BERT `Regressor`; pearson, spearman.
+* span_qa (SQuAD-format .json): T5 ``question: .. context: .. -> answer``, BERT `SpanQA`;
+  squad (EM, F1).
+* tagging (CoNLL .conll/.iob/.bio): BERT `TokenTagger`; accuracy and f1 over entities.
 
 The label set is read from the training files (sorted) unless given. The gin-wired
 `files_task` (configs/experiments/finetune_*_from_files.gin) registers such a task, saving
@@ -273,7 +274,8 @@ def from_files(train_files: user_files.Patterns, validation_files: Any = None,
     CoNLL; every split is read and checked now (bad lines counted in
     ``task.bad_lines[split]``; a missing file, an empty glob or a split without one good
     line is an InputFileError). ``task_prefix`` starts every input, a space after it.
-    ``labels``: the class names (default: those of the training files). ``vocabulary`` tokenizes for text-to-text models (object or factory).
+    ``labels``: the class names (default: those of the training files). ``vocabulary``
+    tokenizes for text-to-text models (object or factory).
     """
     files = {"train": user_files.expand(train_files, "TRAIN_FILES")}
     for split, patterns in (("validation", validation_files), ("test", test_files)):

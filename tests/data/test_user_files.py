@@ -79,10 +79,11 @@ def test_tsv_csv_squad_and_conll(tmp_path):
         "3 columns, the header has 2"
 
     squad = tmp_path / "dev.json"
-    squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Paris is in France.", "qas": [
-        {"id": "q1", "question": "Where is Paris?",
-         "answers": [{"text": "France", "answer_start": 12}]},
-        {"id": "q2", "answers": []}]}]}]}))
+    qas = [{"id": "q1", "question": "Where is Paris?",
+            "answers": [{"text": "France", "answer_start": 12}]},
+           {"id": "q2", "answers": []}]
+    squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Paris is in France.",
+                                                           "qas": qas}]}]}))
     source = user_files.RecordFiles([str(squad)], required=("question", "context"))
     assert source.format == "squad" and len(source) == 1
     assert source[0]["answers"] == {"text": ["France"], "answer_start": [12]}

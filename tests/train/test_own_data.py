@@ -144,7 +144,8 @@ def test_bert_tagger_on_your_conll(tmp_path, cache):
                  for i in range(12)]
     for name, part in (("train", sentences[:8]), ("test", sentences[8:])):
         text = "\n\n".join("\n".join(f"{w} {t}" for w, t in s) for s in part)
-        (tmp_path / f"{name}.conll").write_text(text + ("\n\nbroken\n" if name == "train" else "\n"))
+        tail = "\n\nbroken\n" if name == "train" else "\n"       # a token without a tag
+        (tmp_path / f"{name}.conll").write_text(text + tail)
     vocab = WordPieceVocabulary.train([" ".join(w for w, _ in s) for s in sentences],
                                       tmp_path / "vocab.txt", 100)
     model_dir = tmp_path / "tagger"
