@@ -96,7 +96,7 @@ def _suggest(message: str) -> Optional[str]:
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
 _MACRO_REFERENCE = re.compile(r"%([A-Za-z_][\w.]*)")
 # Macros the code reads itself (gin_utils.query_macro) rather than through a binding.
-CODE_MACROS = ("MODEL_FAMILY",)
+CODE_MACROS = ("MODEL_FAMILY", "TPU_TOPOLOGY", "TPU_NUM_SLICES")
 # What a required macro is for, said when it is missing.
 _REQUIRED_HINTS = {
     "MODEL_DIR": "the run's directory for checkpoints, metrics and config.gin, e.g. "
@@ -106,7 +106,7 @@ _REQUIRED_HINTS = {
 }
 
 
-def _macros(config_str: str) -> tuple[dict, set]:
+def macros(config_str: str) -> tuple[dict, set]:
     """({macro: its value's text}, {names referenced with %}) of a gin config string."""
     defined, referenced = {}, set(_MACRO_REFERENCE.findall(config_str))
     for line in config_str.splitlines():
@@ -120,7 +120,7 @@ def check_bindings(bindings: Sequence[str], required: Sequence[str] = ("MODEL_DI
     """After `parse`: every macro set in `bindings` (the command line) is used by the parsed
     config, and each `required` macro it references is bound; else one ConfigError naming
     the nearest valid macro names or what to add."""
-    defined, referenced = _macros(gin.config_str())
+    defined, referenced = macros(gin.config_str())
     known = sorted(referenced | set(CODE_MACROS))
     for binding in bindings:
         m = _MACRO_BINDING.match(binding)

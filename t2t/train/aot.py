@@ -41,7 +41,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     may stay unset (a compile reads and writes neither)."""
     from t2t import gin_utils
     gin_utils.parse(gin_files, bindings)
-    defined, _ = gin_utils._macros(gin.config_str())
+    defined, _ = gin_utils.macros(gin.config_str())
     unset = [f"{name} = {value}" for name, value in UNREAD_MACROS.items()
              if defined.get(name) == "%gin.REQUIRED"]
     gin_utils.parse((), unset, clear=False)
