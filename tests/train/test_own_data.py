@@ -162,3 +162,18 @@ def test_bert_tagger_on_your_conll(tmp_path, cache):
     assert metrics["baselines"]["test"]["scores"]["accuracy"] == 50.0   # all "O"
     rows = [json.loads(line) for line in open(model_dir / "predictions.jsonl")]
     assert rows[0]["input"] == "cy went to lima" and len(rows[0]["prediction"]) == 4
+
+
+def test_missing_files_and_fields_are_one_line_before_compiling(tmp_path, capsys):
+    (tmp_path / "train.jsonl").write_bytes(b"\n".join(_pairs(3)) + b"\n")
+    flags = ["finetune", "--gin_file=experiments/finetune_t5_from_files.gin",
+             f"--gin.MODEL_DIR={tmp_path / 'run'}", "--gin.INITIAL_CHECKPOINT=None",
+             "--gin.INPUT_FIELD=en"]
+    assert main([*flags, f"--gin.TRAIN_FILES={tmp_path}/*.tsv", "--gin.TARGET_FIELD=de"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"TRAIN_FILES: '{tmp_path}/*.tsv' matches no file" in err[0]
+    assert main([*flags, f"--gin.TRAIN_FILES={tmp_path}/train.jsonl",
+                 "--gin.TARGET_FIELD=fr"]) == 2
+    assert "no line has field(s) 'en', 'fr'; the first line has 'en', 'de'" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
