@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from t2t.models import decoding, losses
+from t2t.nn import moe
 from t2t.nn.config import TransformerConfig
 
 Batch = Mapping[str, jax.Array]
@@ -43,6 +44,10 @@ class Model:
         self.config = config
         self.module = module
         self.loss = loss
+        if config.moe_num_experts and type(self).loss_fn is not Model.loss_fn:
+            raise ValueError(f"{type(self).__name__} has its own loss, which does not add the "
+                             "router losses of mixture-of-experts layers; use a T5 or GPT "
+                             "model, or moe_num_experts=0")
 
     def _inputs(self, batch: Batch) -> Dict[str, jax.Array]:
         return {k: batch[k] for k in self.input_features if k in batch}
@@ -57,6 +62,15 @@ class Model:
         return self.module.apply({"params": params}, **self._inputs(batch),
                                  deterministic=rng is None, rngs=rngs, **kwargs)
 
+    def apply_with_router_losses(self, params, batch: Batch, rng: Optional[jax.Array] = None
+                                 ) -> Tuple[Any, jax.Array, Metrics]:
+        """(`apply`'s output, MoE router losses to add to the loss, their metrics); the
+        losses are 0 and the metrics empty for a model without experts."""
+        if not self.config.moe_num_experts:
+            return self.apply(params, batch, rng), jnp.zeros((), jnp.float32), {}
+        out, state = self.apply(params, batch, rng, mutable=[moe.MOE_COLLECTION])
+        return (out, *moe.router_losses(self.config, state.get(moe.MOE_COLLECTION, {})))
+
     def token_loss(self, logits, targets, weights) -> Tuple[jax.Array, Metrics]:
         loss, z_loss, weight_sum = losses.cross_entropy_with_logits(
             logits, targets, weights, z_loss=self.loss.z_loss,
@@ -68,9 +82,13 @@ class Model:
 
     def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None
                 ) -> Tuple[jax.Array, Metrics]:
-        logits = self.apply(params, batch, rng)
-        return self.token_loss(logits, batch["decoder_target_tokens"],
-                               batch["decoder_loss_weights"])
+        logits, router_loss, router_metrics = self.apply_with_router_losses(params, batch, rng)
+        loss, metrics = self.token_loss(logits, batch["decoder_target_tokens"],
+                                        batch["decoder_loss_weights"])
+        if router_metrics:
+            loss = loss + router_loss
+            metrics = {**metrics, **router_metrics, "loss": loss}
+        return loss, metrics
 
     def loss_weight(self, batch: Batch) -> jax.Array:
         """What the loss is a mean over (target tokens), to combine microbatches exactly."""

@@ -13,6 +13,7 @@ import jax
 from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
 from t2t.nn.mlp import MlpBlock
+from t2t.nn.moe import MoeBlock
 from t2t.nn.norms import make_norm
 
 
@@ -21,13 +22,15 @@ class TransformerLayer(nn.Module):
 
     Cross-attention runs only when `encoded` is given, so one layer can serve both the
     encoder and the decoder (the T5 paper's shared encoder-decoder).
-    `scanned=True` returns `(x, None)` for use under `nn.scan`.
+    `scanned=True` returns `(x, None)` for use under `nn.scan`; `moe=True` gives it
+    mixture-of-experts feed-forward (`t2t.nn.moe`).
     """
 
     config: TransformerConfig
     deterministic: bool = True
     decode: bool = False
     scanned: bool = False
+    moe: bool = False
 
     def setup(self):
         cfg = self.config
@@ -35,7 +38,8 @@ class TransformerLayer(nn.Module):
             cfg, deterministic=self.deterministic, decode=decode, name=name)
         self.self_attention = attn("self_attention", self.decode)
         self.cross_attention = attn("cross_attention", False)
-        self.mlp = MlpBlock(cfg, deterministic=self.deterministic, name="mlp")
+        ffn = MoeBlock if self.moe else MlpBlock
+        self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")
         self.self_attention_norm = make_norm(cfg, "self_attention_norm")
         self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
         self.mlp_norm = make_norm(cfg, "mlp_norm")

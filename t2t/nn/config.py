@@ -83,6 +83,18 @@ class TransformerConfig:
     kernel_init: str = "variance_scaling"  # T5 (fan-in scaled) | "normal" (BERT, GPT-2)
     initializer_range: float = 0.02   # std of the "normal" init
 
+    # Mixture of experts (t2t/nn/moe.py): Switch (top-1, Fedus et al. 2021) or GShard
+    # (top-2, Lepikhin et al. 2020) feed-forward layers; 0 experts = dense everywhere.
+    moe_num_experts: int = 0
+    moe_top_k: int = 1                # 1 = Switch, 2 = GShard (top-2 gates renormalised)
+    moe_every: int = 2                # layer i is MoE when i % moe_every == moe_every - 1
+    moe_capacity_factor: float = 1.25  # expert buffer = factor * k * tokens / experts
+    moe_eval_capacity_factor: float = 2.0  # the same without dropout (evaluation, decoding)
+    moe_min_capacity: int = 4         # buffer floor (never above the tokens of a group)
+    moe_router_jitter: float = 0.0    # Switch: router inputs times U(1-eps, 1+eps) in training
+    moe_load_balancing_weight: float = 0.01  # Switch eq. 4's alpha
+    moe_router_z_loss_weight: float = 0.001  # ST-MoE's c_z
+
     def __post_init__(self):
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_choice("position_embedding", self.position_embedding, POSITION_TYPES)
@@ -100,6 +112,9 @@ class TransformerConfig:
             raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
         if self.position_embedding == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+        if self.moe_num_experts:
+            from t2t.nn.moe import check_moe_config   # the checks live beside the layer
+            check_moe_config(self)
 
     @property
     def compute_dtype(self):

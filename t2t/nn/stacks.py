@@ -15,6 +15,7 @@ from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.embed import Embed, Embedder, project_embeddings, token_embed
+from t2t.nn.moe import MOE_COLLECTION, is_moe_layer
 from t2t.nn.norms import make_norm
 from t2t.nn.position import RelativePositionBias
 
@@ -55,20 +56,22 @@ class LayerStack(nn.Module):
         args = (encoded, self_mask, self_bias, cross_mask, positions, decode_index)
         if cfg.scan_layers and not cfg.share_layers:
             scanned = nn.scan(_layer_class(cfg, scanned=True),
-                              variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                              variable_axes={"params": 0, "cache": 0, "intermediates": 0,
+                                             MOE_COLLECTION: 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
                               metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = scanned(cfg, deterministic, decode, scanned=True, name="layer")(x, *args)
+            x, _ = scanned(cfg, deterministic, decode, scanned=True,      # moe_every is 1
+                           moe=is_moe_layer(cfg, 0), name="layer")(x, *args)
             return x
         cls = _layer_class(cfg, scanned=False)
         if cfg.share_layers:
-            layer = cls(cfg, deterministic, decode, name="layer")
+            layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, 0), name="layer")
             for _ in range(self.num_layers):
                 x = layer(x, *args)
             return x
         for i in range(self.num_layers):
-            x = cls(cfg, deterministic, decode, name=f"layer_{i}")(x, *args)
+            x = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i), name=f"layer_{i}")(x, *args)
         return x
 
 

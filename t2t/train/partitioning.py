@@ -2,7 +2,10 @@
 
 The mesh has three named axes: ``data`` (pure data parallelism), ``fsdp`` (data parallelism
 whose replicas also shard the parameters and optimizer state) and ``tensor`` (Megatron-style
-model parallelism over heads / mlp / vocab). Model code only ever names *logical* axes
+model parallelism over heads / mlp / vocab), and a fourth, ``expert``, only when
+``MeshConfig.expert`` is not 1: it splits the batch like ``data`` and the experts of
+mixture-of-experts layers (``t2t/nn/moe.py``) between its devices. Rules that name a mesh axis
+the mesh lacks (``expert`` on a three-axis mesh) drop it, so every other mesh is unchanged. Model code only ever names *logical* axes
 (``batch, length, embed, mlp, heads, kv, joined_kv, vocab, relpos_buckets, layers``); the one
 table :data:`DEFAULT_RULES` maps them onto mesh axes.
 
@@ -44,15 +47,18 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
+EXPERT_AXIS = "expert"      # a mesh axis only where MeshConfig.expert != 1 (after "data")
 LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv", "joined_kv", "vocab",
-                "relpos_buckets", "layers")
+                "relpos_buckets", "layers", "expert", "expert_group")
 
 MeshAxes = Union[str, tuple[str, ...], None]
 Rules = Sequence[tuple[str, MeshAxes]]
 
 # Order matters (see "replicate on reuse" above): batch must come before embed.
 DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", EXPERT_AXIS, "fsdp")),
+    ("expert", EXPERT_AXIS),               # experts of an MoE layer
+    ("expert_group", ("data", "fsdp")),    # token groups once dispatched to their experts
     ("embed", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
@@ -85,14 +91,27 @@ class MeshConfig:
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
     allow_split_physical_axes: bool = False  # let one mesh axis span several torus axes
+    expert: int = 1             # expert parallelism (MoE layers); 1 = no `expert` mesh axis
+    dcn_expert: int = 1
 
     @property
-    def ici_shape(self) -> tuple[int, int, int]:
-        return (self.data, self.fsdp, self.tensor)
+    def axis_names(self) -> tuple[str, ...]:
+        """The mesh's axes: ``MESH_AXES``, with ``expert`` after ``data`` unless it is 1."""
+        if self.expert == 1 and self.dcn_expert == 1:
+            return MESH_AXES
+        return (MESH_AXES[0], EXPERT_AXIS) + MESH_AXES[1:]
 
     @property
-    def dcn_shape(self) -> tuple[int, int, int]:
-        return (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)
+    def ici_shape(self) -> tuple[int, ...]:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor,
+                 EXPERT_AXIS: self.expert}
+        return tuple(sizes[a] for a in self.axis_names)
+
+    @property
+    def dcn_shape(self) -> tuple[int, ...]:
+        sizes = {"data": self.dcn_data, "fsdp": self.dcn_fsdp, "tensor": self.dcn_tensor,
+                 EXPERT_AXIS: self.dcn_expert}
+        return tuple(sizes[a] for a in self.axis_names)
 
 
 def _describe(names: Sequence[str], sizes: Sequence[int]) -> str:
@@ -141,7 +160,8 @@ def target_devices(devices: Sequence[jax.Device]) -> Iterator[None]:
 
 def make_mesh(config: Optional[MeshConfig] = None,
               devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-    """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types, topology-aware order.
+    """A ``("data", "fsdp", "tensor")`` mesh (``("data", "expert", "fsdp", "tensor")``
+    when ``config.expert != 1``) with Auto axis types, topology-aware order.
 
     ``config=None`` builds ``MeshConfig()`` at call time, so gin bindings apply.
     ``devices=None``: the :func:`target_devices` in effect, else ``jax.devices()``.
@@ -151,15 +171,16 @@ def make_mesh(config: Optional[MeshConfig] = None,
         devices = _TARGET_DEVICES.get()
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
+    names = config.axis_names
     dcn = tuple(int(s) for s in config.dcn_shape)
     if any(s < 1 for s in dcn):
         raise ValueError(f"DCN axis sizes must be >= 1 (no -1), got "
-                         f"{_describe([f'dcn_{a}' for a in MESH_AXES], dcn)}")
+                         f"{_describe([f'dcn_{a}' for a in names], dcn)}")
     num_slices = math.prod(dcn)
     if n % num_slices:
-        raise ValueError(f"DCN mesh {_describe(MESH_AXES, dcn)} ({num_slices} slices) does "
+        raise ValueError(f"DCN mesh {_describe(names, dcn)} ({num_slices} slices) does "
                          f"not divide the {n} devices")
-    ici = _resolve_shape(config.ici_shape, n // num_slices, MESH_AXES,
+    ici = _resolve_shape(config.ici_shape, n // num_slices, names,
                          "mesh" if num_slices == 1 else "per-slice mesh")
     full = tuple(i * d for i, d in zip(ici, dcn))
     platform = devices[0].platform
@@ -173,20 +194,21 @@ def make_mesh(config: Optional[MeshConfig] = None,
                 ici, devices, allow_split_physical_axes=config.allow_split_physical_axes)
     except (ValueError, NotImplementedError, AssertionError) as e:
         if platform == "tpu":
-            raise ValueError(f"cannot lay out mesh {_describe(MESH_AXES, full)} on this TPU "
+            raise ValueError(f"cannot lay out mesh {_describe(names, full)} on this TPU "
                              f"topology ({e}); try another shape or "
                              f"allow_split_physical_axes=True") from e
         logging.info("mesh_utils refused %s on %s (%s); using device order", full, platform, e)
         array = np.asarray(devices, dtype=object).reshape(full)
-    return Mesh(np.asarray(array).reshape(full), MESH_AXES,
-                axis_types=(AxisType.Auto,) * len(MESH_AXES))
+    return Mesh(np.asarray(array).reshape(full), names,
+                axis_types=(AxisType.Auto,) * len(names))
 
 
 # ----------------------------------------------------------------------------- rules
 
 
 def validate_rules(rules: Rules, mesh: Optional[Mesh] = None) -> tuple[tuple[str, MeshAxes], ...]:
-    """Checks a logical→mesh table: no name twice, only mesh axes that exist. Returns a tuple."""
+    """Checks a logical→mesh table: no name twice, only mesh axes that exist (``expert``
+    always may: see :func:`rules_for_mesh`). Returns a tuple."""
     seen: dict[str, MeshAxes] = {}
     out = []
     for entry in rules:
@@ -200,11 +222,30 @@ def validate_rules(rules: Rules, mesh: Optional[Mesh] = None) -> tuple[tuple[str
         seen[name] = axes
         if mesh is not None:
             for a in (axes,) if isinstance(axes, str) else (axes or ()):
-                if a not in mesh.axis_names:
+                if a not in mesh.axis_names and a != EXPERT_AXIS:
                     raise ValueError(f"rule ({name!r}, {axes!r}) names mesh axis {a!r}; the "
                                      f"mesh has {tuple(mesh.axis_names)}")
         out.append((name, axes))
     return tuple(out)
+
+
+def rules_for_mesh(rules: Rules, mesh: Mesh) -> tuple[tuple[str, MeshAxes], ...]:
+    """Validated rules as applied on ``mesh``: on a mesh without an ``expert`` axis they
+    lose it (``("expert", "expert")`` becomes ``("expert", None)``; the batch keeps
+    ``("data", "fsdp")``), so expert parallelism is simply off there."""
+    rules = validate_rules(rules, mesh)
+    if EXPERT_AXIS in mesh.axis_names:
+        return rules
+    return tuple((name, _without(axes, EXPERT_AXIS)) for name, axes in rules)
+
+
+def _without(axes: MeshAxes, drop: str) -> MeshAxes:
+    """``axes`` less the mesh axis ``drop`` (a lone name becomes None)."""
+    if axes == drop:
+        return None
+    if isinstance(axes, tuple) and drop in axes:
+        return tuple(a for a in axes if a != drop)
+    return axes
 
 
 def _check_known(names: Sequence[Any], rules: Rules, where: str) -> None:
@@ -244,7 +285,7 @@ def flax_rules(rules: Rules = DEFAULT_RULES) -> tuple:
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
     """``jax.set_mesh(mesh)`` + flax logical-axis rules: wrap jit calls of model code in it."""
-    validate_rules(rules, mesh)
+    rules = rules_for_mesh(rules, mesh)
     with jax.set_mesh(mesh), nn.logical_axis_rules(flax_rules(rules)):
         yield
 
@@ -281,7 +322,7 @@ def param_shardings(abstract: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
     structure of the *unboxed* tree. Unboxed leaves are replicated. Raises on unknown logical
     names and on dimensions not divisible by their mesh axes (naming the parameter path).
     """
-    rules = validate_rules(rules, mesh)
+    rules = rules_for_mesh(rules, mesh)
 
     def one(path, leaf):
         where = jax.tree_util.keystr(path, simple=True, separator="/")
@@ -303,7 +344,7 @@ def param_shardings(abstract: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
 def logical_sharding(mesh: Mesh, names: Sequence[Optional[str]],
                      rules: Rules = DEFAULT_RULES) -> NamedSharding:
     """The NamedSharding of one array with the given logical dimension names."""
-    rules = validate_rules(rules, mesh)
+    rules = rules_for_mesh(rules, mesh)
     _check_known(names, rules, f"array {tuple(names)}")
     return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(names), rules))
 
