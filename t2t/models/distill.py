@@ -133,26 +133,3 @@ class DistillationModel(Model):
 
     def loss_weight(self, batch):
         return jnp.sum(batch["masked_weights"])
-
-
-@gin.configurable
-def distill_teacher(path: str = gin.REQUIRED) -> Tuple[TransformerConfig, Params]:
-    """The teacher for `t2t train` with MODEL_FAMILY 'distill' (TEACHER = path): a t2t
-    BERT MODEL_DIR (its latest checkpoint; the bound TransformerConfig is its architecture,
-    the vocabulary size read from its token table) or a Hugging Face BERT directory with
-    an MLM head."""
-    import os
-
-    from t2t.errors import UserError
-    if os.path.isfile(os.path.join(path, "config.json")):
-        from t2t.convert.hf import load_bert
-        config, params = load_bert(path)
-    else:
-        from t2t.train.finetune import restore_params
-        params = restore_params(path)
-        config = TransformerConfig()
-        config = config.replace(vocab_size=params["token_embedder"]["embedding"].shape[0])
-    if "mlm_head" not in params:
-        raise UserError(f"teacher {path!r} has no MLM head: distillation needs the teacher's "
-                        "MLM logits (train one with experiments/bert_tiny_bible.gin)")
-    return config, params

@@ -10,7 +10,7 @@ import numpy as np
 
 from t2t.models.base import LossConfig, Model
 from t2t.models.bert import BertModel, BertPretrainingModel
-from t2t.models.distill import DistillationModel, distill_teacher
+from t2t.models.distill import DistillationModel
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.gpt import DecoderOnlyModel
 from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
@@ -39,11 +39,15 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
     raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
 
 
-def make_model(family: str, config: TransformerConfig,
-               loss: LossConfig | None = None) -> Model:
-    """The family's model wrapper (init / loss_fn / score) around its module."""
-    if family == "distill":      # a DistilBERT student of the gin-bound teacher
-        return DistillationModel(distill_teacher(), loss or LossConfig(z_loss=0.0))
+def make_model(family: str, config: TransformerConfig, loss: LossConfig | None = None,
+               teacher=None) -> Model:
+    """The family's model wrapper (init / loss_fn / score) around its module; 'distill' is
+    a DistilBERT student of `teacher` = (config, params), whose size follows the teacher's."""
+    if family == "distill":
+        if teacher is None:
+            raise ValueError("the 'distill' family needs a teacher: bind TEACHER (see "
+                             "configs/experiments/distilbert_tiny_bible.gin)")
+        return DistillationModel(teacher, loss or LossConfig(z_loss=0.0))
     classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
                "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel}
     if family not in classes:
@@ -61,7 +65,8 @@ def example_inputs(family: str, batch: int = 2, length: int = 16,
     if family == "electra":
         return {"input_tokens": tokens(length)}
     if family == "t5":
-        return {"encoder_input_tokens": tokens(length), "decoder_input_tokens": tokens(target_length)}
+        return {"encoder_input_tokens": tokens(length),
+                "decoder_input_tokens": tokens(target_length)}
     if family == "gpt":
         return {"decoder_input_tokens": tokens(length)}
     raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")

@@ -108,7 +108,11 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
         _log.info("vocab_size %d -> %d (the task's vocabulary, padded to 128)",
                   model_cfg.vocab_size, vocab.padded_vocab_size)
         model_cfg = model_cfg.replace(vocab_size=vocab.padded_vocab_size)
-    model = make_model(family, model_cfg, LossConfig())
+    teacher = None
+    if family == "distill":
+        from t2t.train.finetune import distill_teacher   # finetune imports this module
+        teacher = distill_teacher()
+    model = make_model(family, model_cfg, LossConfig(), teacher=teacher)
 
     converter_name = converter or default_converter(family, objective)
     if converter_name not in CONVERTERS:

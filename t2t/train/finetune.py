@@ -101,6 +101,27 @@ def load_pretrained(path: str) -> Params:
     return restore_params(path)
 
 
+@gin.configurable
+def distill_teacher(path: str = gin.REQUIRED):
+    """The teacher for `t2t train` with MODEL_FAMILY 'distill' (TEACHER = path), as
+    (TransformerConfig, params): a t2t BERT MODEL_DIR (its latest checkpoint; the bound
+    TransformerConfig is its architecture, the vocabulary size read from its token table) or
+    a Hugging Face BERT directory with an MLM head."""
+    from t2t.errors import UserError
+    from t2t.nn.config import TransformerConfig
+    if is_hf_dir(path):
+        from t2t.convert.hf import load_bert
+        config, params = load_bert(path)
+    else:
+        params = restore_params(path)
+        config = TransformerConfig()
+        config = config.replace(vocab_size=params["token_embedder"]["embedding"].shape[0])
+    if "mlm_head" not in params:
+        raise UserError(f"teacher {path!r} has no MLM head: distillation needs the teacher's "
+                        "MLM logits (train one with experiments/bert_tiny_bible.gin)")
+    return config, params
+
+
 def initial_params(path: str, trainer: Trainer, state: TrainState,
                    example_batch: Mapping[str, np.ndarray]) -> Params:
     """`state.params` replaced by INITIAL_CHECKPOINT's, on the same shardings."""
