@@ -239,3 +239,16 @@ def test_params_count_the_experts(capsys):
     from t2t import cli
     assert cli.main(["params", "--gin_file=models/t5/1_1/switch_base_8.gin"]) in (0, None)
     assert "619,339,008" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_switch_t5_compiles_for_a_tpu_slice_with_experts_over_chips():
+    """`t2t compile` of the tiny-Bible T5 with Switch layers on v5e-8 (expert=4 x fsdp=2):
+    the TPU executable exists, fits, and trades tokens by all-to-all."""
+    pytest.importorskip("libtpu")
+    from tests.train.test_compile import _compile
+    report = _compile("t5", "tpu_v5e_8", "models/t5/1_1/switch_test.gin",
+                      "--gin.MeshConfig.expert=4", "--gin.TransformerConfig.scan_layers=False")
+    assert report.mesh == {"data": 1, "expert": 4, "fsdp": 2, "tensor": 1}
+    assert report.fits
+    assert "all-to-all" in report.compiled.as_text()
