@@ -83,11 +83,14 @@ def execute(name: str, *, ci: bool = True, cwd: str | Path | None = None,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=list(NOTEBOOKS), choices=NOTEBOOKS)
+    parser.add_argument("names", nargs="*", help=f"some of {', '.join(NOTEBOOKS)} (default: all)")
     parser.add_argument("--full", action="store_true",
                         help="the notebooks' larger settings instead of the CI ones")
     args = parser.parse_args(argv)
-    for name in args.names:
+    unknown = sorted(set(args.names) - set(NOTEBOOKS))
+    if unknown:
+        parser.error(f"no notebook {', '.join(unknown)}; choose from {', '.join(NOTEBOOKS)}")
+    for name in args.names or NOTEBOOKS:
         start = time.perf_counter()
         nb = execute(name, ci=not args.full)
         nbformat.write(nb, HERE / f"{name}.ipynb")
