@@ -38,12 +38,13 @@ import warnings
 import matplotlib.pyplot as plt
 from tqdm import TqdmWarning
 
-warnings.simplefilter("ignore", TqdmWarning)          # no ipywidgets: plain progress bars
-plt.rcParams["figure.dpi"] = 80
+with warnings.catch_warnings():      # tqdm's "IProgress not found": no ipywidgets, plain bars
+    warnings.simplefilter("ignore", TqdmWarning)
+    from t2t import gin_utils
+    from t2t.train import experiment
+    from t2t.train.trainer import fit
 
-from t2t import gin_utils
-from t2t.train import experiment
-from t2t.train.trainer import fit
+plt.rcParams["figure.dpi"] = 80
 
 CI = os.environ.get("T2T_NOTEBOOK_CI") == "1"
 if CI:
