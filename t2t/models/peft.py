@@ -9,10 +9,14 @@
 * Frozen parameters live outside the optimizer: the wrappers hold them as constants
   (`base_params`), and `freeze` keeps in-tree frozen leaves stateless.
   `optimizer_state_bytes` measures what that saves (via `jax.eval_shape`, no allocation).
+
+The in-tree methods for fine-tuning runs (`t2t.models.lightweight`: LoRA, prompt, prefix,
+adapters) keep the whole tree in the train state and freeze it with `freeze`.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import math
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
@@ -158,24 +162,88 @@ class _FrozenBase(Model):
     def _context(self, trainable: Params):
         return contextlib.nullcontext()
 
+    def _bridge(self) -> "_Bridge":
+        return _Bridge(self.base_model.module, self.full_params, self._context)
+
+    @property
+    def view(self) -> Model:
+        """The base model whose module takes the *trainable* tree (`bridged`)."""
+        if getattr(self, "_view", None) is None:
+            self._view = bridged(self.base_model, self._bridge())
+        return self._view
+
     def apply(self, params, batch: Batch, rng: Optional[jax.Array] = None, **kwargs):
-        with self._context(params):
-            return self.base_model.apply(self.full_params(params), batch, rng, **kwargs)
+        return self.view.apply(params, batch, rng, **kwargs)
 
     def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
-        with self._context(params):
-            return self.base_model.loss_fn(self.full_params(params), batch, rng)
+        return self.view.loss_fn(params, batch, rng)
 
     def loss_weight(self, batch: Batch) -> jax.Array:
         return self.base_model.loss_weight(batch)
 
     def score(self, params, batch: Batch) -> jax.Array:
-        with self._context(params):
-            return self.base_model.score(self.full_params(params), batch)
+        return self.view.score(params, batch)
 
     def predict(self, params, batch: Batch, **options):
-        with self._context(params):
-            return self.base_model.predict(self.full_params(params), batch, **options)
+        return self.view.predict(params, batch, **options)
+
+
+class _Bridge:
+    """A stand-in for a flax module: `apply({"params": p, ...})` runs the real module on
+    `to_base(p)` inside `context(p)`. Decoding jits over its model (a static argument), so
+    what the context closes over must come from `p`, never from a Python-side value."""
+
+    def __init__(self, module: nn.Module, to_base: Callable, context: Callable):
+        self.module, self.to_base, self.context = module, to_base, context
+
+    def apply(self, variables, *args, **kwargs):
+        params = variables["params"]
+        with self.context(params):
+            return self.module.apply({**variables, "params": self.to_base(params)},
+                                     *args, **kwargs)
+
+
+class _PromptBridge(_Bridge):
+    """Prompt tuning's bridge. For a prompted Decoder (`fills`), the call that creates the
+    KV cache is followed by one that writes the prompts' keys and values into its first
+    slots, so the prefill and every step find them there."""
+
+    def __init__(self, module: nn.Module, to_base: Callable, prompt_of: Callable,
+                 stack: Optional[Path], fills: bool):
+        super().__init__(module, to_base, self._context)
+        self.prompt_of, self.stack, self.fills = prompt_of, stack, fills
+
+    def _context(self, params, fill: bool = False):
+        return nn.intercept_methods(_PromptInterceptor(self.prompt_of(params), self.stack,
+                                                       fill=fill))
+
+    def apply(self, variables, *args, **kwargs):
+        out = super().apply(variables, *args, **kwargs)
+        if not (self.fills and kwargs.get("decode") and "cache" not in variables):
+            return out
+        params = variables["params"]
+        tokens = args[0] if args else kwargs["decoder_input_tokens"]
+        n = self.prompt_of(params).shape[0]
+        with self._context(params, fill=True):
+            _, state = self.module.apply(
+                {**variables, "params": self.to_base(params), "cache": out[1]["cache"]},
+                jnp.zeros(tokens.shape[:1] + (n,), jnp.int32), decode=True, mutable=["cache"])
+        return out[0], state
+
+
+def prompt_stack(base_model: Model, stack: Optional[Path]) -> Optional[Path]:
+    """The prompted stack: T5's encoder (never its decoder), else the first one called."""
+    if stack is None and base_model.family == "t5":
+        return ("encoder",)
+    return None if stack is None else tuple(stack)
+
+
+def bridged(base_model: Model, bridge: _Bridge) -> Model:
+    """A shallow copy of `base_model` whose methods take the wrapper's parameter tree: its
+    module is `bridge`. Make one per wrapper (jit caches by its identity)."""
+    view = copy.copy(base_model)
+    view.module = bridge
+    return view
 
 
 class LoraModel(_FrozenBase):
@@ -230,8 +298,8 @@ class _PromptInterceptor:
     """Prepends `prompt` [n, E] to the token embeddings of one stack (`stack` path; None:
     the first Encoder/Decoder called) and drops those slots from the stack's output."""
 
-    def __init__(self, prompt: jax.Array, stack: Optional[Path]):
-        self.prompt, self.stack = prompt, stack
+    def __init__(self, prompt: jax.Array, stack: Optional[Path], fill: bool = False):
+        self.prompt, self.stack, self.fill = prompt, stack, fill
         self.n = prompt.shape[0]
         self.active = False
 
@@ -258,7 +326,7 @@ class _PromptInterceptor:
         bound = inspect.signature(context.orig_method).bind(*args, **kwargs)
         a = bound.arguments
         if a.get("decode", False):
-            raise NotImplementedError("prompt tuning does not support cached decoding")
+            return self._call_decoding(next_fun, bound, context)
         n = self.n
         tokens, segments, positions, types, causal = _STACK_ARGS[kind]
         a[tokens] = _prepend(a[tokens], n, 0)                  # placeholder ids
@@ -271,13 +339,31 @@ class _PromptInterceptor:
         if types and a.get(types) is not None:
             a[types] = _prepend(a[types], n, 0)
         if causal and a.get(causal) is not None:
-            a[causal] = _prepend(a[causal], n, 1)              # prompts are in the prefix
+            # Prompts stay causal (flag 0): they precede the inputs and never read them, so
+            # their keys and values are the same for every row (what decoding caches).
+            a[causal] = _prepend(a[causal], n, 0)
+        return self._run(next_fun, bound)[:, n:]
+
+    def _run(self, next_fun, bound):
         self.active = True
         try:
-            out = next_fun(*bound.args, **bound.kwargs)        # [batch, n + length, ...]
+            return next_fun(*bound.args, **bound.kwargs)       # [batch, n + length, ...]
         finally:
             self.active = False
-        return out[:, n:]
+
+    def _call_decoding(self, next_fun, bound, context):
+        """A Decoder on the KV cache: creating it gives n more slots; the `fill` call (see
+        `_PromptBridge`) feeds the n prompts into slots 0..n-1 (positions 0..n-1, causal);
+        later calls (prefill, steps) find them there, their explicit positions shifted by n."""
+        a, n = bound.arguments, self.n
+        if self.fill:
+            return self._run(next_fun, bound)
+        if context.module.has_variable("cache", "index"):
+            if a.get("decoder_positions") is not None:
+                a["decoder_positions"] = a["decoder_positions"] + n
+            return next_fun(*bound.args, **bound.kwargs)
+        a["decoder_input_tokens"] = _prepend(a["decoder_input_tokens"], n, 0)
+        return self._run(next_fun, bound)[:, n:]                # sizes the cache
 
 
 class PromptTuningModel(_FrozenBase):
@@ -291,7 +377,7 @@ class PromptTuningModel(_FrozenBase):
     Trainable: `{"prompt": [n, E], "modules": {...}}` (`train_modules`, e.g. a new head).
     Rows should be unpacked: the prompts join each row's first segment. `init="vocab"`
     starts the prompts from random rows of the token table (Lester et al.), "normal" from
-    N(0, 0.02²). No cached decoding (`predict` of generative families).
+    N(0, 0.02²). Decoder-only `predict` decodes on the KV cache, the prompts cached first.
     """
 
     def __init__(self, base_model: Model, num_prompts: int, *, base_params: Params,
@@ -302,7 +388,8 @@ class PromptTuningModel(_FrozenBase):
             raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
         if init not in ("vocab", "normal"):
             raise ValueError(f"init must be 'vocab' or 'normal', got {init!r}")
-        self.num_prompts, self.stack, self.init_method = num_prompts, stack, init
+        self.num_prompts, self.init_method = num_prompts, init
+        self.stack = prompt_stack(base_model, stack)
         tables = [v for p, v in traverse_util.flatten_dict(self.base_params).items()
                   if p[-2:] == ("token_embedder", "embedding")]
         if not tables:
@@ -321,8 +408,9 @@ class PromptTuningModel(_FrozenBase):
             trainable["modules"] = self._trained_init()
         return trainable
 
-    def _context(self, trainable: Params):
-        return nn.intercept_methods(_PromptInterceptor(trainable["prompt"], self.stack))
+    def _bridge(self) -> _Bridge:
+        return _PromptBridge(self.base_model.module, self.full_params, lambda t: t["prompt"],
+                             self.stack, fills=self.family == "gpt")
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -345,7 +433,9 @@ def freeze(tx: optax.GradientTransformation,
     """`tx` on the trainable leaves; frozen leaves get zero updates and no optimizer state.
 
     `frozen`: top-level module names (e.g. ("token_embedder", "encoder")) or a predicate on
-    the '/'-joined parameter path. For trees that must keep frozen parts in-tree (checkpoint
+    the '/'-joined parameter path. `tx` sees the tree with frozen leaves as empty arrays
+    (the structure and paths kept, so path-based masks such as weight-decay masks still
+    apply, and the moments of trainable leaves keep their parameters' shardings). For trees that keep frozen parts in-tree (fine-tuning runs, checkpoint
     compatibility); the `_FrozenBase` wrappers keep them out of the tree altogether.
     """
     if callable(frozen):
@@ -354,9 +444,19 @@ def freeze(tx: optax.GradientTransformation,
         names = tuple(frozen)
         is_frozen = lambda path: path.split("/")[0] in names  # noqa: E731
 
-    def labels(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda p, _: "frozen" if is_frozen(
-                jax.tree_util.keystr(p, simple=True, separator="/")) else "train", params)
+    def trainable(tree):   # frozen leaves -> empty arrays: same structure, no state
+        def one(path, x):
+            name = jax.tree_util.keystr(path, simple=True, separator="/")
+            return jnp.zeros((0,), x.dtype) if path and is_frozen(name) else x
+        return jax.tree_util.tree_map_with_path(one, tree)
 
-    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+    def init_fn(params):
+        return tx.init(trainable(params))
+
+    def update_fn(updates, state, params=None):
+        sub, state = tx.update(trainable(updates), state,
+                               None if params is None else trainable(params))
+        return jax.tree.map(lambda s, u: s if s.shape == u.shape else jnp.zeros_like(u),
+                            sub, updates), state
+
+    return optax.GradientTransformation(init_fn, update_fn)

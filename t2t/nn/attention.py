@@ -92,6 +92,7 @@ class MultiHeadAttention(nn.Module):
     config: TransformerConfig
     deterministic: bool = True
     decode: bool = False
+    use_prefix: bool = False   # prefix tuning: `config.prefix_length` learned key/value slots
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -129,6 +130,8 @@ class MultiHeadAttention(nn.Module):
 
         if self.decode:
             k, v = self._update_cache(k, v, decode_index)
+        if self.use_prefix and cfg.prefix_length:
+            k, v, mask, bias = self._prepend_prefix(k, v, mask, bias)
 
         dropout_rng = None
         if not self.deterministic and cfg.attn_dropout_rate > 0.0:
@@ -142,6 +145,25 @@ class MultiHeadAttention(nn.Module):
         return Dense(cfg.d_model, ("heads", "kv", "embed"), contract=2, use_bias=cfg.use_bias,
                      dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
                      name="out")(out)
+
+    def _prepend_prefix(self, k, v, mask, bias):
+        """Prefix tuning (Li & Liang 2021): keys/values [b, k, h, d] -> [b, p + k, h, d] with
+        the learned `prefix_key`/`prefix_value` [p, h, d] first. Every query sees the prefix
+        (mask columns True, bias columns 0); it carries no position (no rotary, no bucket)."""
+        cfg = self.config
+        shape, axes = (cfg.prefix_length, cfg.num_heads, cfg.head_dim), (None, "heads", "kv")
+        init = nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), axes)
+        b, p = k.shape[0], cfg.prefix_length
+        pk, pv = (jnp.broadcast_to(self.param(name, init, shape, cfg.params_dtype)
+                                   .astype(k.dtype), (b,) + shape)
+                  for name in ("prefix_key", "prefix_value"))
+        k, v = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
+        if mask is not None:                                  # [b|1, 1, q, k] -> [.., p + k]
+            mask = jnp.concatenate(
+                [jnp.ones(mask.shape[:-1] + (p,), bool), mask], axis=-1)
+        if bias is not None:                                  # [b|1, h, q, k] -> [.., p + k]
+            bias = jnp.concatenate([jnp.zeros(bias.shape[:-1] + (p,), bias.dtype), bias], -1)
+        return k, v, mask, bias
 
     def _update_cache(self, k, v, decode_index):
         """Init: create zeroed caches shaped like k/v. Step: write k/v at decode_index."""

@@ -2,6 +2,8 @@
 
 Pre-LN (T5, GPT-2):  x + Drop(Sub(Norm(x)))
 Post-LN (BERT):      Norm(x + Drop(Sub(x)))
+With `config.adapter_size`, Houlsby adapters wrap the self-attention's and the feed-forward's
+Drop(Sub(.)) (adapter-bert's placement: after the dropout, before the residual sum).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Optional
 import flax.linen as nn
 import jax
 
+from t2t.nn.adapter import Adapter
 from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
 from t2t.nn.mlp import MlpBlock
@@ -34,9 +37,9 @@ class TransformerLayer(nn.Module):
 
     def setup(self):
         cfg = self.config
-        attn = lambda name, decode: MultiHeadAttention(  # noqa: E731
-            cfg, deterministic=self.deterministic, decode=decode, name=name)
-        self.self_attention = attn("self_attention", self.decode)
+        attn = lambda name, decode, prefix=False: MultiHeadAttention(  # noqa: E731
+            cfg, deterministic=self.deterministic, decode=decode, use_prefix=prefix, name=name)
+        self.self_attention = attn("self_attention", self.decode, True)
         self.cross_attention = attn("cross_attention", False)
         ffn = MoeBlock if self.moe else MlpBlock
         self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")
@@ -44,21 +47,30 @@ class TransformerLayer(nn.Module):
         self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
         self.mlp_norm = make_norm(cfg, "mlp_norm")
         self.dropout = nn.Dropout(cfg.dropout_rate)
+        if cfg.adapter_size:
+            self.attention_adapter = Adapter(cfg, name="attention_adapter")
+            self.mlp_adapter = Adapter(cfg, name="mlp_adapter")
 
-    def _sublayer(self, x, norm, fn):
+    def _sublayer(self, x, norm, fn, adapter=None):
+        def out(h):
+            y = self.dropout(fn(h), deterministic=self.deterministic)
+            return y if adapter is None else adapter(y)
+
         if self.config.pre_norm:
-            return x + self.dropout(fn(norm(x)), deterministic=self.deterministic)
-        return norm(x + self.dropout(fn(x), deterministic=self.deterministic))
+            return x + out(norm(x))
+        return norm(x + out(x))
 
     def __call__(self, x: jax.Array, encoded: Optional[jax.Array] = None,
                  self_mask=None, self_bias=None, cross_mask=None,
                  positions: Optional[jax.Array] = None, decode_index=None):
+        adapt = self.config.adapter_size > 0
         x = self._sublayer(x, self.self_attention_norm, lambda h: self.self_attention(
-            h, h, self_mask, self_bias, positions, positions, decode_index))
+            h, h, self_mask, self_bias, positions, positions, decode_index),
+            self.attention_adapter if adapt else None)
         if encoded is not None:
             x = self._sublayer(x, self.cross_attention_norm,
                                lambda h: self.cross_attention(h, encoded, cross_mask))
-        x = self._sublayer(x, self.mlp_norm, self.mlp)
+        x = self._sublayer(x, self.mlp_norm, self.mlp, self.mlp_adapter if adapt else None)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         self.sow("intermediates", "hidden_states", x)
         return (x, None) if self.scanned else x

@@ -68,6 +68,10 @@ class TransformerConfig:
 
     attention_scale: str = "sqrt"     # "sqrt": q·k / sqrt(head_dim); "folded": in q init (T5)
     use_fused_attention: bool = False  # jax.nn.dot_product_attention (cuDNN / TPU kernels)
+    prefix_length: int = 0            # prefix tuning (Li & Liang 2021): learned key/value
+    #   slots [prefix_length, heads, head_dim] before every self-attention's keys; 0 = none
+    adapter_size: int = 0             # Houlsby et al. 2019 adapters: a bottleneck of this
+    #   width after each layer's attention and feed-forward outputs; 0 = none
 
     dropout_rate: float = 0.1
     attention_dropout_rate: Optional[float] = None  # defaults to dropout_rate
@@ -108,6 +112,9 @@ class TransformerConfig:
         if self.share_encoder_decoder and self.scan_layers:
             raise ValueError("share_encoder_decoder=True needs scan_layers=False")
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        if self.prefix_length < 0 or self.adapter_size < 0:
+            raise ValueError(f"prefix_length and adapter_size must be >= 0, got "
+                             f"{self.prefix_length} and {self.adapter_size}")
         if self.embedding_dim is not None and self.embedding_dim <= 0:
             raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
         if self.position_embedding == "rotary" and self.head_dim % 2:

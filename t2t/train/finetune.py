@@ -37,6 +37,7 @@ from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.data.benchmarks import classification_examples, spread
+from t2t.models import lightweight, peft
 from t2t.train import evaluator, optimizers
 from t2t.train import experiment as experiment_lib
 from t2t.train.checkpoints import Checkpointer, check_compatible
@@ -491,8 +492,11 @@ def finetune_experiment(initial_checkpoint: Optional[str] = gin.REQUIRED,
         if epochs is not None:
             steps = epochs_to_steps(epochs, train_examples or train_size(task), batch_size)
             train_cfg = dataclasses.replace(train_cfg, train_steps=steps)
+        model = lightweight.wrap(model)          # lightweight fine-tuning (gin: wrap.method)
         trainer = experiment_lib.make_trainer(model, train_cfg, FinetuneTrainer,
                                               **schedule_overrides(steps, warmup_fraction))
+        if isinstance(model, lightweight.Lightweight):   # frozen leaves: no update, no state
+            trainer.tx = peft.freeze(trainer.tx, model.is_frozen)
         trainer.initial_checkpoint = initial_checkpoint
         return trainer
 
