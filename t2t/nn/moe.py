@@ -133,8 +133,8 @@ class Router(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        kernel = self.param("kernel", nn.with_logical_partitioning(kernel_init(cfg), ("embed", None)),
-                            (x.shape[-1], cfg.moe_num_experts), jnp.float32)
+        init = nn.with_logical_partitioning(kernel_init(cfg), ("embed", None))
+        kernel = self.param("kernel", init, (x.shape[-1], cfg.moe_num_experts), jnp.float32)
         x = x.astype(jnp.float32)
         eps = cfg.moe_router_jitter
         if eps and not self.deterministic:

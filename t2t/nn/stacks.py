@@ -71,7 +71,8 @@ class LayerStack(nn.Module):
                 x = layer(x, *args)
             return x
         for i in range(self.num_layers):
-            x = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i), name=f"layer_{i}")(x, *args)
+            layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i), name=f"layer_{i}")
+            x = layer(x, *args)
         return x
 
 

@@ -5,9 +5,10 @@ whose replicas also shard the parameters and optimizer state) and ``tensor`` (Me
 model parallelism over heads / mlp / vocab), and a fourth, ``expert``, only when
 ``MeshConfig.expert`` is not 1: it splits the batch like ``data`` and the experts of
 mixture-of-experts layers (``t2t/nn/moe.py``) between its devices. Rules that name a mesh axis
-the mesh lacks (``expert`` on a three-axis mesh) drop it, so every other mesh is unchanged. Model code only ever names *logical* axes
-(``batch, length, embed, mlp, heads, kv, joined_kv, vocab, relpos_buckets, layers``); the one
-table :data:`DEFAULT_RULES` maps them onto mesh axes.
+the mesh lacks (``expert`` on a three-axis mesh) drop it, so every other mesh is unchanged.
+Model code only ever names *logical* axes (``batch, length, embed, mlp, heads, kv, joined_kv,
+vocab, relpos_buckets, layers, expert, expert_group``); the one table :data:`DEFAULT_RULES`
+maps them onto mesh axes.
 
 Rules for the rules:
 

@@ -161,7 +161,8 @@ def test_other_families_refuse_experts():
 
 
 def _batch(rows=8):
-    return dict(encoder_input_tokens=tokens(1, (rows, 12)), decoder_input_tokens=tokens(2, (rows, 6)),
+    return dict(encoder_input_tokens=tokens(1, (rows, 12)),
+                decoder_input_tokens=tokens(2, (rows, 6)),
                 decoder_target_tokens=tokens(3, (rows, 6)),
                 decoder_loss_weights=jnp.ones((rows, 6), jnp.float32))
 
