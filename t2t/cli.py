@@ -136,7 +136,8 @@ def read_input_lines(path: Optional[str]) -> List[str]:
     from t2t.errors import InputFileError
     name = "standard input" if path in (None, "-") else path
     if path in (None, "-"):
-        data = sys.stdin.buffer.read()
+        stdin = getattr(sys.stdin, "buffer", None)    # a text stream without one: as it is
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
     else:
         try:
             with open(path, "rb") as f:

@@ -227,6 +227,10 @@ def summary(exp: Experiment, result: TrainResult) -> str:
         png = curves.plot_metrics(rows, os.path.join(model_dir, "loss.png"),
                                   title=os.path.basename(os.path.normpath(model_dir)))
         lines.append(f"loss curve: {png}")
+    reports = getattr(exp.task, "data_reports", None)   # your own files: what was skipped
+    if reports:
+        from t2t.data import data_report
+        lines += data_report.end_lines(reports)
     example = example_prediction(exp, result.state.params)
     if example:
         lines += [f"{k:>10}: {v}" for k, v in example.items()]
