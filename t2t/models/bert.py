@@ -2,7 +2,7 @@
 and a next-sentence head."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict
 
 import flax.linen as nn
 import jax

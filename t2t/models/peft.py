@@ -435,8 +435,9 @@ def freeze(tx: optax.GradientTransformation,
     `frozen`: top-level module names (e.g. ("token_embedder", "encoder")) or a predicate on
     the '/'-joined parameter path. `tx` sees the tree with frozen leaves as empty arrays
     (the structure and paths kept, so path-based masks such as weight-decay masks still
-    apply, and the moments of trainable leaves keep their parameters' shardings). For trees that keep frozen parts in-tree (fine-tuning runs, checkpoint
-    compatibility); the `_FrozenBase` wrappers keep them out of the tree altogether.
+    apply, and the moments of trainable leaves keep their parameters' shardings). For trees
+    that keep frozen parts in-tree (fine-tuning runs, checkpoint compatibility); the
+    `_FrozenBase` wrappers keep them out of the tree altogether.
     """
     if callable(frozen):
         is_frozen = frozen

@@ -175,6 +175,8 @@ class MultiHeadAttention(nn.Module):
         if decode_index is None:
             raise ValueError("decode=True needs decode_index after the cache is initialised")
         start = (0, decode_index, 0, 0)
-        cached_k.value = lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), start)
-        cached_v.value = lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), start)
+        cached_k.value = lax.dynamic_update_slice(cached_k.value,
+                                                  k.astype(cached_k.value.dtype), start)
+        cached_v.value = lax.dynamic_update_slice(cached_v.value,
+                                                  v.astype(cached_v.value.dtype), start)
         return cached_k.value, cached_v.value

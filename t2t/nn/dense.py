@@ -65,12 +65,12 @@ class Dense(nn.Module):
         if len(self.kernel_axes) != len(shape):
             raise ValueError(f"{self.name}: kernel_axes {self.kernel_axes} do not match "
                              f"kernel shape {shape}")
-        kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
-                            shape, self.param_dtype)
+        kernel_init = nn.with_logical_partitioning(self.kernel_init, self.kernel_axes)
+        kernel = self.param("kernel", kernel_init, shape, self.param_dtype)
         y = matmul(x, kernel, self.contract, self.dtype)
         if self.use_bias:
             bias_axes = self.kernel_axes[self.contract:]
-            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes),
-                              features, self.param_dtype)
+            bias_init = nn.with_logical_partitioning(nn.initializers.zeros, bias_axes)
+            bias = self.param("bias", bias_init, features, self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y

@@ -189,7 +189,8 @@ class Decoder(nn.Module):
                 self.variable("cache", "index", jnp.zeros, (), jnp.int32)
                 self.variable("cache", "key_positions", jnp.arange, length, dtype=jnp.int32)
                 self.variable("cache", "segment_ids", jnp.ones, (batch, length), jnp.int32)
-            positions = _default_positions(tokens) if decoder_positions is None else decoder_positions
+            positions = (_default_positions(tokens) if decoder_positions is None
+                         else decoder_positions)
             self_mask = (causal_mask(length) if decoder_causal_attention is None
                          else prefix_lm_mask(decoder_causal_attention))
             if decoder_segment_ids is not None:
@@ -213,7 +214,8 @@ class Decoder(nn.Module):
         x = _final_norm(cfg, x, deterministic)
         if return_hidden:
             return x
-        return nn.with_logical_constraint(output_logits(cfg, x, table), ("batch", "length", "vocab"))
+        return nn.with_logical_constraint(output_logits(cfg, x, table),
+                                          ("batch", "length", "vocab"))
 
 
 def output_logits(cfg: TransformerConfig, x: jax.Array, table: Embed) -> jax.Array:

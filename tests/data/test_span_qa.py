@@ -1,7 +1,6 @@
 """SQuAD span features: the reference's doc spans, exact answer round trips through the
 WordPiece offsets, best-window answers, and parity with Hugging Face's fast tokenizer."""
 import numpy as np
-import pytest
 
 from t2t.data import span_qa
 

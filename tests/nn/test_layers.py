@@ -1,5 +1,4 @@
 """Norms, feed-forward variants, attention masks and the attention kernel."""
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -9,12 +9,11 @@ import re
 from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from t2t import cli
-from t2t.train import aot, chips, flops, partitioning
+from t2t.train import aot, chips, flops
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu not installed (pip install -e '.[test]')")

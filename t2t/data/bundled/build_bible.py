@@ -77,7 +77,8 @@ BOOKS_BY_NAME = {display: osis for osis, display in BOOKS.values()}
 _HEADER = re.compile(r"^\$\$\$(.+) (\d+):(\d+)$")
 _NOTE = re.compile(r"<note\b[^>]*>(?:(?!<note\b).)*?</note>", re.S)  # innermost first
 _DROPPED = re.compile(r"<(title|speaker)\b[^>]*>.*?</\1>", re.S)       # headings, labels
-_BLOCK_TAG = re.compile(r"</?(?:div|l|lg|lb|p|milestone|chapter|verse|list|item|table|row|cell)\b[^>]*>")
+_BLOCK_TAG = re.compile(
+    r"</?(?:div|l|lg|lb|p|milestone|chapter|verse|list|item|table|row|cell)\b[^>]*>")
 _TAG = re.compile(r"<[^>]*>")
 _BOOK_END = re.compile(r"<div\b(?=[^>]*\beID=)(?=[^>]*\btype=\"book\")[^>]*>.*", re.S)
 _USFM = re.compile(r"\\\+?[a-z]+\d*(?:\*| ?)")  # stray USFM markers such as \nd LORD\+nd*
@@ -178,7 +179,8 @@ def verses(name: str, imp_text: str) -> list[dict]:
                for book, chapter, verse, raw in parse_imp(io.StringIO(imp_text))
                if chapter and verse and book in BOOKS]  # skip module/book/chapter intros
     if name == "rv1909":
-        entries = [(b, c, v, _ACROSTIC.sub("", t) if b[0] == "Ps" and c == 119 and v % 8 == 1 else t)
+        entries = [(b, c, v, _ACROSTIC.sub("", t) if b[0] == "Ps" and c == 119 and v % 8 == 1
+                    else t)
                    for b, c, v, t in entries]
         counts = Counter(w for *_, text in entries for w in _WORD.findall(text))
         entries = [(b, c, v, _fix_drop_cap(t, counts) if v == 1 else t) for b, c, v, t in entries]
