@@ -57,16 +57,18 @@ model_dir = tempfile.mkdtemp(prefix="t5_tiny_")
 # %% [markdown]
 # ## The config: the README's experiment plus a few bindings
 #
-# Any `--gin.NAME=value` of the command line is a binding here. A misspelt name fails at
-# this cell, naming the nearest valid ones.
+# Any `--gin.NAME=value` of the command line is a binding here. A misspelt name, or a macro
+# the config never uses, fails at this cell (as on the command line), naming the nearest
+# valid ones.
 
 # %%
-gin_utils.parse(["experiments/t5_tiny_bible.gin", *extra_files], [
+bindings = [
     f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {steps}", f"BATCH_SIZE = {batch_size}",
-    f"TASK_FEATURE_LENGTHS = {lengths}", "WARMUP_STEPS = 1",
-    "TrainConfig.log_every = 2", "TrainConfig.checkpoint_every = 1000",
-    "TrainConfig.progress_bar = False", "TrainConfig.measure_peak = False",
-    "TrainConfig.async_checkpoint = False"])
+    f"TASK_FEATURE_LENGTHS = {lengths}", "TrainConfig.log_every = 2",
+    "TrainConfig.checkpoint_every = 1000", "TrainConfig.progress_bar = False",
+    "TrainConfig.measure_peak = False", "TrainConfig.async_checkpoint = False"]
+gin_utils.parse(["experiments/t5_tiny_bible.gin", *extra_files], bindings)
+gin_utils.check_bindings(bindings)
 exp = experiment.experiment()          # model, task, vocabulary, feature converter, trainer
 cfg = exp.trainer.model.config
 print(f"task {exp.task.name}: vocabulary of {exp.task.vocabulary.vocab_size} pieces")
