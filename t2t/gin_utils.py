@@ -1,4 +1,5 @@
-"""Parsing gin files and bindings with the repository's `configs/` on the search path."""
+"""Parsing gin files and bindings with the package's `t2t/configs/` (also `configs/` at the top of a
+checkout) on the search path."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +15,7 @@ import gin
 
 from t2t.errors import ConfigError
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"   # shipped in the package
 
 
 def register_configurables() -> None:
