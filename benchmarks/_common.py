@@ -10,17 +10,26 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
+from t2t.train import precision
+
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return precision.cpu_model(precision.read_cpuinfo())
+
+
+def host_flags() -> str:
+    """The CPU flags that decide bfloat16 speed, and what they mean for bf16 rows, e.g.
+    'avx512_bf16 yes, amx_bf16 no, avx512f yes, avx2 yes: native bf16 matmuls'."""
+    flags = precision.cpu_flags(precision.read_cpuinfo())
+    if flags is None:
+        return "CPU flags unknown (no /proc/cpuinfo)"
+    marks = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in precision.REPORTED_CPU_FLAGS)
+    if any(f in flags for f in precision.BF16_CPU_FLAGS):
+        return f"{marks}: native bf16 matmuls"
+    return (f"{marks}: NO native bfloat16 on this CPU; XLA emulates bf16 matmuls, so read "
+            "bf16 rows as emulated, not as a bf16 host's speed")
 
 
 def loadavg() -> str:
@@ -41,8 +50,9 @@ def versions(*names: str) -> str:
 
 
 def machine_line(*packages: str) -> str:
+    """CPU model and count, its bf16 flags, OS, versions: the header of every result."""
     return (f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} "
-            f"{platform.machine()}; {versions(*packages)}.")
+            f"{platform.machine()} ({host_flags()}); {versions(*packages)}.")
 
 
 def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1,

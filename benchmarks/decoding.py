@@ -2,14 +2,17 @@
 
 Models (`--model`): GPT-2 small (a 16-token prompt) and T5.1.1-small (a 128-token encoder
 input; the decoder cross-attends to it every step). Random weights are created in torch
-and converted with `t2t.convert.hf`, so both sides run the same model in float32. Exactly
-32 new tokens (no EOS stop), greedy and beam search (4 beams; HF's length penalty 1.0 vs
-t2t's alpha 0.6 does not change the work), batch 1 and 16. New tokens per second = batch x
+and converted with `t2t.convert.hf`, so both sides run the same model: in float32, or with
+``--dtype bfloat16`` in bf16 (t2t: bf16 matmuls with float32 accumulation; torch:
+``torch.autocast("cpu", dtype=torch.bfloat16)``); ``auto`` is what t2t picks on this
+host. Exactly 32 new tokens (no EOS stop), greedy and beam search (4 beams; HF's length
+penalty 1.0 vs t2t's alpha 0.6 does not change the work), batch 1 and 16. New tokens per second = batch x
 32 / wall time of one whole decode call (compiled beforehand for t2t; one warm-up call for
 torch). Timed interleaved, medians. Also reported: the fraction of greedy tokens where t2t
 and HF agree (same model, same input).
 
-    python benchmarks/decoding.py [--model gpt2|t5] [--batches 1,16] [--rounds 3] [--no-write]
+    python benchmarks/decoding.py [--model gpt2|t5] [--batches 1,16] [--rounds 3]
+                                  [--dtype float32|bfloat16|auto] [--no-write]
 """
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ PROMPT = {"gpt2": 16, "t5": 128}          # prompt (GPT-2) or encoder input (T5)
 TITLE = {"gpt2": "GPT-2 small", "t5": "T5.1.1-small"}
 
 
-def build(name: str):
-    """(torch model, t2t model, t2t params, HF pad id) with the same random weights."""
+def build(name: str, dtype: str = "float32"):
+    """(torch model, t2t model, t2t params, HF pad id) with the same random weights; the
+    t2t model computes in `dtype` (float32 params either way)."""
     import jax
     import jax.numpy as jnp
     import transformers as tr
@@ -50,7 +54,7 @@ def build(name: str):
         model_cls, to_params, pad = EncoderDecoderModel, hf.t5_params_from_hf, hf_cfg.pad_token_id
     state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
     params = jax.tree_util.tree_map(jnp.asarray, to_params(state, cfg))
-    return net, model_cls(cfg), params, pad
+    return net, model_cls(cfg.replace(dtype=dtype)), params, pad
 
 
 def main(argv=None) -> None:
@@ -59,6 +63,8 @@ def main(argv=None) -> None:
     p.add_argument("--batches", default="1,16")
     p.add_argument("--strategies", default="greedy,beam")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
+                   help="t2t's matmul precision; bf16 runs torch under autocast too")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
@@ -68,7 +74,12 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    net, model, params, pad_id = build(args.model)
+    print(_common.machine_line("jax", "jaxlib", "torch", "transformers"), flush=True)
+    net, model, params, pad_id = build(args.model, args.dtype)
+    bf16 = model.config.dtype == "bfloat16"          # "auto" is resolved by now
+    precision = ("bfloat16 (t2t: bf16 matmuls, float32 accumulation; torch: autocast)"
+                 if bf16 else "float32")
+    print(f"precision: {precision}", flush=True)
     encdec = args.model == "t5"
     prompt_len = PROMPT[args.model]
 
@@ -97,7 +108,7 @@ def main(argv=None) -> None:
         skip = 1 if encdec else prompt_len  # HF returns the start token / the prompt too
 
         def run():
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
                 return net.generate(ids, **kw)[:, skip:].numpy()
         return run
 
@@ -127,8 +138,9 @@ def main(argv=None) -> None:
     if not args.no_write:
         body = (_common.machine_line("jax", "jaxlib", "flax", "torch", "transformers") +
                 f"\nCommand: `python benchmarks/decoding.py --model {args.model} --batches "
-                f"{args.batches} --strategies {args.strategies} --rounds {args.rounds}`; "
-                f"{TITLE[args.model]}, random weights (torch init, converted), float32, "
+                f"{args.batches} --strategies {args.strategies} --rounds {args.rounds} "
+                f"--dtype {args.dtype}`; {TITLE[args.model]}, random weights (torch init, "
+                f"converted), float32 params, {precision}, "
                 f"{'encoder input' if encdec else 'prompt'} {prompt_len}, {NEW} new tokens, "
                 "no EOS stop; "
                 f"median of {args.rounds} interleaved calls after a warm-up. Load average: "

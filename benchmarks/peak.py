@@ -5,7 +5,8 @@
                           Dense does with TransformerConfig.dtype="bfloat16")
   bfloat16 -> bfloat16    plain bf16 dot (for reference)
 
-Variants are timed interleaved; best and median of ``--repeats`` rounds.
+Variants are timed interleaved; best and median of ``--repeats`` rounds. The header
+records the CPU's bf16 flags (avx512_bf16, amx_bf16): without them bf16 is emulated.
 
     python benchmarks/peak.py [--size 2048] [--repeats 7] [--no-write]
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,6 +33,7 @@ def main(argv=None) -> None:
     from t2t.train import flops
 
     n = args.size
+    print(_common.machine_line("jax", "jaxlib"), flush=True)
     variants = {
         "float32": (jnp.float32, jnp.float32),
         "bfloat16 -> float32": (jnp.bfloat16, jnp.float32),

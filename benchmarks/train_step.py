@@ -10,19 +10,23 @@ interleaved (A, B, C, A, B, C, ...) so the VM's drift hits all of them alike; me
   gpt   GPT-2 small causal LM, batch 8 x 128
 
 FLOPs: `t2t.train.flops.step_flops` for everyone (model FLOPs of t2t's step: BERT's MLM
-logits counted at the 20 masked positions), MFU against the measured float32 2048^3
-matmul peak (``--peak``, or measured at start-up). t2t variants (levers):
+logits counted at the 20 masked positions); each row's MFU is against the 2048^3 matmul
+peak of its own precision (float32, or bf16 inputs with float32 accumulation), measured at
+start-up (``--peak`` gives the ``--peak-dtype`` one instead). t2t variants (levers):
 ``t2t`` (float32), ``t2t_bf16`` (bfloat16 matmuls, float32 accumulation and params),
+``t2t_auto`` (``dtype="auto"``: whichever of the two this host prefers),
 ``t2t_fused`` (``use_fused_attention``), ``t2t_bf16_fused``, ``t2t_nodropout``; the peers
-have ``hf_flax_nodropout`` and ``torch_nodropout`` (every dropout rate 0), against which
-``t2t_nodropout`` rows are compared. HF Flax's BERT and GPT-2 draw one attention-dropout mask
-per layer broadcast over batch and heads; t2t and torch draw one per element, as the papers.
+have ``torch_bf16`` (``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward and
+loss), ``hf_flax_nodropout`` and ``torch_nodropout`` (every dropout rate 0), against which
+``t2t_nodropout`` rows are compared. HF Flax's BERT and GPT-2 draw one attention-dropout
+mask per layer broadcast over batch and heads; t2t and torch draw one per element, as the
+papers. The header records the CPU and its bf16 flags.
 
-    python benchmarks/train_step.py [--models bert,t5,gpt] [--impls t2t,t2t_bf16,hf_flax,torch]
+    python benchmarks/train_step.py [--models bert,t5,gpt]
+                                    [--impls t2t,t2t_bf16,t2t_auto,hf_flax,torch,torch_bf16]
                                     [--rounds 3] [--no-write]
     # on a GPU (the issue's accelerator run): large models, bf16, MFU vs the bf16 peak
-    python benchmarks/train_step.py --models bert,t5 --size large --batch 32 \
-        --impls t2t_bf16 --peak-dtype bfloat16
+    python benchmarks/train_step.py --models bert,t5 --size large --batch 32 --impls t2t_bf16
 """
 from __future__ import annotations
 
@@ -222,7 +226,9 @@ def build_hf_flax(model: str, dropout: bool = True):
 
 
 # ----------------------------------------------------------------------------- torch
-def build_torch(model: str, dropout: bool = True):
+def build_torch(model: str, dropout: bool = True, bf16: bool = False):
+    """`bf16`: forward and loss under torch.autocast("cpu", bfloat16), backward outside it
+    (PyTorch's recipe); float32 params and AdamW either way."""
     import torch
     import transformers as tr
 
@@ -258,24 +264,36 @@ def build_torch(model: str, dropout: bool = True):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn()
         loss.backward()
         opt.step()
-        float(loss)
+        float(loss.detach())
     return step
 
 
 IMPLS = {
     "t2t": lambda m: build_t2t(m)[0],
     "t2t_bf16": lambda m: build_t2t(m, dtype="bfloat16")[0],
+    "t2t_auto": lambda m: build_t2t(m, dtype="auto")[0],
     "t2t_fused": lambda m: build_t2t(m, use_fused_attention=True)[0],
     "t2t_bf16_fused": lambda m: build_t2t(m, dtype="bfloat16", use_fused_attention=True)[0],
     "t2t_nodropout": lambda m: build_t2t(m, dropout_rate=0.0, attention_dropout_rate=0.0)[0],
     "hf_flax": build_hf_flax,
     "hf_flax_nodropout": lambda m: build_hf_flax(m, dropout=False),
     "torch": build_torch,
+    "torch_bf16": lambda m: build_torch(m, bf16=True),
     "torch_nodropout": lambda m: build_torch(m, dropout=False),
 }
+PEERS = ("torch", "torch_bf16", "hf_flax")   # the "vs" columns, those present in --impls
+
+
+def matmul_dtype(impl: str) -> str:
+    """The matmul input precision of an implementation (t2t_auto: what "auto" picks here)."""
+    if impl == "t2t_auto":
+        from t2t.train import precision
+        return precision.resolve_dtype("auto")
+    return "bfloat16" if "bf16" in impl else "float32"
 
 
 def title(model: str) -> str:
@@ -296,7 +314,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--peak", type=float, default=None, help="GFLOP/s (else measured)")
     p.add_argument("--peak-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="matmul inputs of the measured peak MFU is against (bf16 on GPU/TPU)")
+                   help="the precision --peak is for (each row's MFU is against its own)")
     p.add_argument("--size", default="base", choices=["base", "large"])
     p.add_argument("--batch", type=int, default=None, help="rows per step (default: CPU's)")
     p.add_argument("--no-write", action="store_true")
@@ -315,11 +333,20 @@ def main(argv=None) -> None:
         torch.set_num_threads(os.cpu_count() or 1)
     on_cpu = jax.devices()[0].platform == "cpu"
     peak_size = 2048 if on_cpu else 8192          # a 2048^3 product is too small for a GPU
-    peak = (args.peak * 1e9 if args.peak
-            else flops.measure_peak_flops(args.peak_dtype, size=peak_size))
-    print(f"{args.peak_dtype} peak {peak / 1e9:.0f} GFLOP/s on {jax.devices()[0].device_kind}; "
-          f"load {_common.loadavg()}", flush=True)
     impls = args.impls.split(",")
+    print(_common.machine_line("jax", "jaxlib", "torch", "transformers"), flush=True)
+    dtypes = {name: matmul_dtype(name) for name in impls}
+    if "t2t_auto" in impls:
+        from t2t.train import precision
+        print(f"t2t_auto: {precision.auto_choice().describe()}", flush=True)
+    # Each row's MFU is against the matmul peak of its own precision, measured here.
+    peaks = {d: (args.peak * 1e9 if args.peak and d == args.peak_dtype
+                 else flops.measure_peak_flops(d, size=peak_size))
+             for d in sorted(set(dtypes.values()) | {args.peak_dtype})}
+    peak_text = ", ".join(f"{d} {p / 1e9:.0f}" for d, p in peaks.items())
+    print(f"matmul peaks (GFLOP/s): {peak_text} on {jax.devices()[0].device_kind}; "
+          f"load {_common.loadavg()}", flush=True)
+    peers = [k for k in PEERS if k in impls]
     rows, loads = [], [_common.loadavg()]
     for model in args.models.split(","):
         print(f"== {model}", flush=True)
@@ -332,18 +359,17 @@ def main(argv=None) -> None:
         for name in impls:
             # A *_nodropout row is compared with the peers' *_nodropout rows when present.
             suffix = "_nodropout" if name.endswith("_nodropout") else ""
-            base = {k: med.get(k + suffix, med.get(k)) for k in ("torch", "hf_flax")
-                    if k + suffix in med or k in med}
+            base = {k: med.get(k + suffix, med.get(k)) for k in peers}
             t = med[name]
-            rows.append([title(model), name, f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}",
-                         f"{f / t / 1e9:,.0f}", f"{100 * f / t / peak:.0f}%",
-                         *(f"{base[k] / t:.2f}x" if k in base else "-"
-                           for k in ("torch", "hf_flax"))])
+            rows.append([title(model), name, "bf16" if dtypes[name] == "bfloat16" else "f32",
+                         f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}", f"{f / t / 1e9:,.0f}",
+                         f"{100 * f / t / peaks[dtypes[name]]:.0f}%",
+                         *(f"{base[k] / t:.2f}x" for k in peers)])
         del fns
         gc.collect()
-    header = ["model", "impl", "step ms (median)", "tokens/s", "model GFLOP/s", "MFU",
-              "vs torch", "vs HF Flax"]
-    table = _common.markdown_table(header, rows, "llrrrrrr")
+    header = ["model", "impl", "matmuls", "step ms (median)", "tokens/s", "model GFLOP/s",
+              "MFU", *(f"vs {k}" for k in peers)]
+    table = _common.markdown_table(header, rows, "lll" + "r" * (len(header) - 3))
     print(table)
     if not args.no_write:
         body = (_common.machine_line("jax", "jaxlib", "flax", "optax", "torch", "transformers")
@@ -351,10 +377,12 @@ def main(argv=None) -> None:
                 + "\nCommand: `python benchmarks/train_step.py "
                 + shlex.join(sys.argv[1:] if argv is None else argv)
                 + f"`. Median of {args.rounds} "
-                f"interleaved steps after 1 warm-up; float32 params, AdamW; MFU vs "
-                + (f"a given peak ({args.peak_dtype}) " if args.peak else
-                   f"measured {args.peak_dtype} {peak_size}^3 matmul peak ")
-                + f"{peak / 1e9:.0f} GFLOP/s; model FLOPs from "
+                f"interleaved steps after 1 warm-up; float32 params, AdamW; `matmuls`: the "
+                f"matmul input precision (bf16: float32 accumulation; torch_bf16: autocast); "
+                f"MFU of each row vs the {peak_size}^3 matmul peak of its precision, "
+                f"GFLOP/s: {peak_text}"
+                + (f" ({args.peak_dtype} given)" if args.peak else " (measured in this run)")
+                + "; model FLOPs from "
                 f"`t2t.train.flops.step_flops` (BERT: MLM logits at the 20 masked positions). "
                 f"Load average (1/5/15 min) during the run: {' -> '.join(loads)}.\n\n" + table)
         _common.append_results("Train step: t2t vs HF Flax vs PyTorch", body)
