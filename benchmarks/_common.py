@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
-from t2t.train import precision
+from t2t import precision
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def pack_batch():
         packer = converter.new_packer(args.batch_size)
-        examples = tokens = 0
+        examples = 0
         while True:
             counter["k"] += 1
             packable, _ = converter.prepare(corrupt_one(counter["k"]))
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, examples / cpu, tokens / cpu, unit, cpu / wall))
     pipeline_stats = it.stats
 
-    header = (f"| stage | examples/s/core | tokens/s/core | tokens counted | cores busy |\n"
-              f"|---|---:|---:|---|---:|\n")
+    header = ("| stage | examples/s/core | tokens/s/core | tokens counted | cores busy |\n"
+              "|---|---:|---:|---|---:|\n")
     table = header + "".join(f"| {n} | {e:,.0f} | {t:,.0f} | {u} | {c:.2f} |\n"
                              for n, e, t, u, c in rows)
     versions = ", ".join(f"{p} {metadata.version(p)}" for p in

@@ -6,10 +6,10 @@ and converted with `t2t.convert.hf`, so both sides run the same model: in float3
 ``--dtype bfloat16`` in bf16 (t2t: bf16 matmuls with float32 accumulation; torch:
 ``torch.autocast("cpu", dtype=torch.bfloat16)``); ``auto`` is what t2t picks on this
 host. Exactly 32 new tokens (no EOS stop), greedy and beam search (4 beams; HF's length
-penalty 1.0 vs t2t's alpha 0.6 does not change the work), batch 1 and 16. New tokens per second = batch x
-32 / wall time of one whole decode call (compiled beforehand for t2t; one warm-up call for
-torch). Timed interleaved, medians. Also reported: the fraction of greedy tokens where t2t
-and HF agree (same model, same input).
+penalty 1.0 vs t2t's alpha 0.6 does not change the work), batch 1 and 16. New tokens per
+second = batch x 32 / wall time of one whole decode call (compiled beforehand for t2t; one
+warm-up call for torch). Timed interleaved, medians. Also reported: the fraction of greedy
+tokens where t2t and HF agree (same model, same input).
 
     python benchmarks/decoding.py [--model gpt2|t5] [--batches 1,16] [--rounds 3]
                                   [--dtype float32|bfloat16|auto] [--no-write]

@@ -291,7 +291,7 @@ PEERS = ("torch", "torch_bf16", "hf_flax")   # the "vs" columns, those present i
 def matmul_dtype(impl: str) -> str:
     """The matmul input precision of an implementation (t2t_auto: what "auto" picks here)."""
     if impl == "t2t_auto":
-        from t2t.train import precision
+        from t2t import precision
         return precision.resolve_dtype("auto")
     return "bfloat16" if "bf16" in impl else "float32"
 
@@ -337,7 +337,7 @@ def main(argv=None) -> None:
     print(_common.machine_line("jax", "jaxlib", "torch", "transformers"), flush=True)
     dtypes = {name: matmul_dtype(name) for name in impls}
     if "t2t_auto" in impls:
-        from t2t.train import precision
+        from t2t import precision
         print(f"t2t_auto: {precision.auto_choice().describe()}", flush=True)
     # Each row's MFU is against the matmul peak of its own precision, measured here.
     peaks = {d: (args.peak * 1e9 if args.peak and d == args.peak_dtype

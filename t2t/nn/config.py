@@ -107,7 +107,7 @@ class TransformerConfig:
         _check_choice("kernel_init", self.kernel_init, KERNEL_INITS)
         _check_choice("dtype", self.dtype, DTYPES)
         if self.dtype == "auto":   # host detection reads /proc/cpuinfo: it lives in train/
-            from t2t.train.precision import resolve_dtype
+            from t2t.precision import resolve_dtype
             object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.share_encoder_decoder and self.scan_layers:
             raise ValueError("share_encoder_decoder=True needs scan_layers=False")

@@ -22,7 +22,8 @@ from t2t.data import tasks as tasks_lib
 from t2t.models.base import LossConfig
 from t2t.models.families import make_model
 from t2t.nn.config import TransformerConfig
-from t2t.train import curves, optimizers, partitioning, precision
+from t2t import precision
+from t2t.train import curves, optimizers, partitioning
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
 
 _log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import pytest
 
 from t2t import gin_utils
 from t2t.nn.config import TransformerConfig
-from t2t.train import experiment, precision
+from t2t import precision
+from t2t.train import experiment
 
 # /proc/cpuinfo excerpts (flags cut down to the ones that matter plus neighbours).
 AVX2_ONLY = """processor\t: 0
