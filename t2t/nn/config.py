@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 import gin
 import jax.numpy as jnp
 
+from t2t.errors import ConfigError
+
 NORM_TYPES = ("layer", "rms")
 POSITION_TYPES = ("learned", "sinusoidal", "relative", "rotary", "none")
 ATTENTION_SCALES = ("sqrt", "folded")
@@ -146,5 +148,6 @@ class TransformerConfig:
 
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    """A ConfigError (a ValueError the command line prints as one line) for a bad choice."""
     if value not in choices:
-        raise ValueError(f"TransformerConfig.{name}={value!r}; choose one of {list(choices)}")
+        raise ConfigError(f"TransformerConfig.{name}={value!r}; choose one of {list(choices)}")

@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from t2t import gin_utils
+from t2t.errors import ConfigError
 from t2t.nn.config import TransformerConfig
 from t2t import precision
 from t2t.train import experiment
@@ -112,7 +113,8 @@ def test_auto_resolves_once_and_logs_one_line(host, caplog):
 
 
 def test_unknown_dtype_is_one_line():
-    with pytest.raises(ValueError, match=r"^TransformerConfig.dtype='fp16'; choose one of "
+    """A ConfigError: the command line prints it as one line and exits 2."""
+    with pytest.raises(ConfigError, match=r"^TransformerConfig.dtype='fp16'; choose one of "
                                          r"\['float32', 'bfloat16', 'auto'\]"):
         TransformerConfig(dtype="fp16")
 
