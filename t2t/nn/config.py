@@ -108,7 +108,7 @@ class TransformerConfig:
         _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
         _check_choice("kernel_init", self.kernel_init, KERNEL_INITS)
         _check_choice("dtype", self.dtype, DTYPES)
-        if self.dtype == "auto":   # host detection reads /proc/cpuinfo: it lives in train/
+        if self.dtype == "auto":   # host detection (reads /proc/cpuinfo): t2t/precision.py
             from t2t.precision import resolve_dtype
             object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.share_encoder_decoder and self.scan_layers:
