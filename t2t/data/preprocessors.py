@@ -517,6 +517,17 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
             trunc.pop()
 
 
+def _pair_instance(tokens_a, tokens_b, cls_id: int, sep_id: int, label: int) -> dict:
+    """[CLS] A [SEP] B [SEP] from (token, starts-a-word) lists, with A/B type ids and the
+    pair's label (NSP: B is random; SOP: the segments are swapped)."""
+    pairs = [(cls_id, True), *tokens_a, (sep_id, True), *tokens_b, (sep_id, True)]
+    types = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+    return {"tokens": np.array([t for t, _ in pairs], np.int32),
+            "token_type_ids": np.array(types, np.int32),
+            "word_starts": np.array([w for _, w in pairs], bool),
+            "next_sentence_label": np.int32(label)}
+
+
 def create_instances_from_document(documents: Sequence[Sequence[Sequence[int]]],
                                    document_index: int, rng: np.random.Generator,
                                    max_length: int, cls_id: int, sep_id: int,
@@ -567,12 +578,8 @@ def create_instances_from_document(documents: Sequence[Sequence[Sequence[int]]],
                     tokens_b = [t for s in chunk[a_end:] for t in s]
                 truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
                 if tokens_a and tokens_b:
-                    pairs = [(cls_id, True), *tokens_a, (sep_id, True), *tokens_b, (sep_id, True)]
-                    types = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-                    instances.append({"tokens": np.array([t for t, _ in pairs], np.int32),
-                                      "token_type_ids": np.array(types, np.int32),
-                                      "word_starts": np.array([w for _, w in pairs], bool),
-                                      "next_sentence_label": np.int32(is_random_next)})
+                    instances.append(_pair_instance(tokens_a, tokens_b, cls_id, sep_id,
+                                                    is_random_next))
             chunk, chunk_length = [], 0
         i += 1
     return instances
@@ -701,12 +708,7 @@ def sop_instances(document: Sequence[Sequence[int]], rng: np.random.Generator, m
                 tokens_a, tokens_b = tokens_b, tokens_a
             truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
             if tokens_a and tokens_b:
-                pairs = [(cls_id, True), *tokens_a, (sep_id, True), *tokens_b, (sep_id, True)]
-                types = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-                instances.append({"tokens": np.array([t for t, _ in pairs], np.int32),
-                                  "token_type_ids": np.array(types, np.int32),
-                                  "word_starts": np.array([w for _, w in pairs], bool),
-                                  "next_sentence_label": np.int32(swapped)})
+                instances.append(_pair_instance(tokens_a, tokens_b, cls_id, sep_id, swapped))
         chunk, size = [], 0
     return instances
 

@@ -59,7 +59,7 @@ def head_modules(model: Model, params: Params) -> Tuple[str, ...]:
     return tuple(k for k in peft._plain(params) if k not in trunk)
 
 
-class Lightweight(Model):
+class Lightweight(peft.ViewForwarding, Model):
     """Base: `params` = the adapted base model's tree plus the method's own entries."""
 
     extra_keys: Tuple[str, ...] = ()
@@ -128,21 +128,6 @@ class Lightweight(Model):
             loaded = peft._plain(pretrained)
         fresh = nn.unbox(self.init(rng, batch))
         return merge_pretrained(fresh, nn.unbox(loaded))[0]
-
-    def apply(self, params, batch: Batch, rng: Optional[jax.Array] = None, **kwargs):
-        return self.view.apply(params, batch, rng, **kwargs)
-
-    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
-        return self.view.loss_fn(params, batch, rng)
-
-    def loss_weight(self, batch: Batch) -> jax.Array:
-        return self.base_model.loss_weight(batch)
-
-    def score(self, params, batch: Batch) -> jax.Array:
-        return self.view.score(params, batch)
-
-    def predict(self, params, batch: Batch, **options):
-        return self.view.predict(params, batch, **options)
 
     def __getattr__(self, name):      # model-specific helpers (e.g. a tagger's weights)
         if name in ("original", "base_model", "view", "_heads"):

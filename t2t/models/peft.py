@@ -130,7 +130,27 @@ def _at(tree: Params, path: Path) -> Any:
     return tree
 
 
-class _FrozenBase(Model):
+class ViewForwarding:
+    """The Model contract forwarded to `self.view` (a base model whose module takes the
+    wrapper's parameter tree); the loss weight is the base model's."""
+
+    def apply(self, params, batch: Batch, rng: Optional[jax.Array] = None, **kwargs):
+        return self.view.apply(params, batch, rng, **kwargs)
+
+    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        return self.view.loss_fn(params, batch, rng)
+
+    def loss_weight(self, batch: Batch) -> jax.Array:
+        return self.base_model.loss_weight(batch)
+
+    def score(self, params, batch: Batch) -> jax.Array:
+        return self.view.score(params, batch)
+
+    def predict(self, params, batch: Batch, **options):
+        return self.view.predict(params, batch, **options)
+
+
+class _FrozenBase(ViewForwarding, Model):
     """A wrapper whose trainable tree is small and whose base parameters are frozen
     constants (never in the optimizer state). Delegates the contract to `base_model`."""
 
@@ -172,20 +192,6 @@ class _FrozenBase(Model):
             self._view = bridged(self.base_model, self._bridge())
         return self._view
 
-    def apply(self, params, batch: Batch, rng: Optional[jax.Array] = None, **kwargs):
-        return self.view.apply(params, batch, rng, **kwargs)
-
-    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
-        return self.view.loss_fn(params, batch, rng)
-
-    def loss_weight(self, batch: Batch) -> jax.Array:
-        return self.base_model.loss_weight(batch)
-
-    def score(self, params, batch: Batch) -> jax.Array:
-        return self.view.score(params, batch)
-
-    def predict(self, params, batch: Batch, **options):
-        return self.view.predict(params, batch, **options)
 
 
 class _Bridge:

@@ -4,8 +4,6 @@ with the last step, and a finished run says it is done."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -14,26 +12,7 @@ from t2t.errors import EXIT_PREEMPTED
 from t2t.train import curves
 from t2t.train.metrics_log import MetricsLogger
 from t2t.train.trainer import Trainer, _Preemption
-
-# Runs the CLI; with SIGNAL_AFTER=k the process sends itself SIGNAL once step k has finished.
-LAUNCHER = """
-import os, signal, sys
-import jax
-from t2t.train import trainer
-after = int(os.environ.get("SIGNAL_AFTER", "0"))
-if after:
-    original, done = trainer.Trainer.train_step, [0]
-    def train_step(self, state, batch):
-        out = original(self, state, batch)
-        jax.block_until_ready(out)
-        done[0] += 1
-        if done[0] == after:
-            os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
-        return out
-    trainer.Trainer.train_step = train_step
-from t2t.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+from tests.train.cli_launcher import run_t2t
 
 TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
         "--gin.TRAIN_STEPS=6", "--gin.BATCH_SIZE=4",
@@ -43,12 +22,8 @@ TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/te
 
 
 def t2t_train(model_dir, signal_name="", after=0):
-    env = {**os.environ, "SIGNAL": signal_name, "SIGNAL_AFTER": str(after),
-           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-           "JAX_COMPILATION_CACHE_DIR": os.path.expanduser("~/.cache/t2t/jax_cache")}
-    return subprocess.run([sys.executable, "-c", LAUNCHER, "train", *TINY,
-                           f"--gin.MODEL_DIR={model_dir}"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    return run_t2t(["train", *TINY, f"--gin.MODEL_DIR={model_dir}"], SIGNAL=signal_name,
+                   SIGNAL_AFTER=after)
 
 
 def test_ctrl_c_saves_exits_75_and_the_rerun_resumes(tmp_path):

@@ -2,37 +2,11 @@
 restart and the final parameters equal an uninterrupted run's, bit for bit (CPU)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
 
-# Runs the CLI; with KILL_AFTER=k the process SIGKILLs itself once k steps have finished
-# and the (async) checkpoint KILL_AFTER_CHECKPOINT has been committed.
-LAUNCHER = """
-import os, signal, sys, time
-import jax
-from t2t.train import trainer
-kill_after = int(os.environ.get("KILL_AFTER", "0"))
-if kill_after:
-    original, done = trainer.Trainer.train_step, [0]
-    def train_step(self, state, batch):
-        out = original(self, state, batch)
-        jax.block_until_ready(out)
-        done[0] += 1
-        if done[0] == kill_after:
-            committed = os.path.join(self.config.model_dir, "checkpoints",
-                                     os.environ["KILL_AFTER_CHECKPOINT"])
-            deadline = time.time() + 120
-            while not os.path.isdir(committed) and time.time() < deadline:
-                time.sleep(0.05)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return out
-    trainer.Trainer.train_step = train_step
-from t2t.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+from tests.train.cli_launcher import run_t2t
 
 TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
         "--gin.TRAIN_STEPS=8", "--gin.BATCH_SIZE=4",
@@ -42,12 +16,8 @@ TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/te
 
 
 def t2t_train(model_dir, kill_after=0):
-    env = {**os.environ, "KILL_AFTER": str(kill_after), "KILL_AFTER_CHECKPOINT": "3",
-           "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": os.path.expanduser(
-               "~/.cache/t2t/jax_cache")}
-    return subprocess.run([sys.executable, "-c", LAUNCHER, "train", *TINY, f"--gin.MODEL_DIR={model_dir}"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    env = dict(SIGNAL="SIGKILL", SIGNAL_AFTER=kill_after, WAIT_FOR_CHECKPOINT=3) if kill_after else {}
+    return run_t2t(["train", *TINY, f"--gin.MODEL_DIR={model_dir}"], **env)
 
 
 def logged(model_dir):
