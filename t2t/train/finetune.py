@@ -327,8 +327,10 @@ class SpanQAExperiment(ClassifierExperiment):
         return self.train_windows().features
 
     def evaluate(self, params: Params, split: str, batch_size: int,
-                 max_examples: Optional[int] = None) -> Dict[str, float]:
-        """SQuAD exact match and F1 (max over the gold answers) of the best window's span."""
+                 max_examples: Optional[int] = None,
+                 details: Optional[dict] = None) -> Dict[str, float]:
+        """SQuAD exact match and F1 (max over the gold answers) of the best window's span;
+        ``details`` (a dict) receives a row per question for predictions.jsonl."""
         from t2t.data import span_qa
         from t2t.evaluation import metrics
         spans = self.span_features(split, max_examples)
@@ -337,6 +339,12 @@ class SpanQAExperiment(ClassifierExperiment):
                                         max_answer_length=self.max_answer_length)
         answers = span_qa.best_answers(spans, found["start"], found["end"],
                                        found["span_score"])
+        if details is not None:
+            source = self.task.get_source(split)
+            questions = [span_qa.squad_record(source[i]).question
+                         for i in spread(len(source), max_examples)]
+            details["rows"] = [{"input": q, "target": gold, "prediction": answer}
+                               for q, gold, answer in zip(questions, spans.answers, answers)]
         return metrics.squad(spans.answers, answers)
 
 
@@ -533,9 +541,7 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
     for split in splits:
         start = time.perf_counter()
         more = {} if details is None else {"details": details.setdefault(split, {})}
-        if isinstance(exp, SpanQAExperiment):
-            scores = exp.evaluate(params, split, batch_size, max_examples)
-        elif isinstance(exp, TaggingExperiment):
+        if isinstance(exp, (SpanQAExperiment, TaggingExperiment)):
             scores = exp.evaluate(params, split, batch_size, max_examples, **more)
         else:
             scores = evaluator.evaluate(model, params, exp.task, split, batch_size=batch_size,

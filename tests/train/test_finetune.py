@@ -276,6 +276,7 @@ def test_span_qa_fine_tunes_with_a_bilstm_and_scores_squad_f1(squad_task, tmp_pa
     out = finetune.run()
     scores = out["metrics"]["test_squad_verses/validation"]
     assert set(scores) == {"em", "f1"} and 0.0 <= scores["em"] <= scores["f1"] <= 100.0
+    assert (tmp_path / "predictions.jsonl").read_text().count("\n") >= 1
     with pytest.raises(ValueError, match="span QA answers a question"):
         finetune.infer_lines(exp, out["result"].state.params, ["a line"])
 
@@ -296,5 +297,9 @@ def test_span_qa_scoring_maps_gold_spans_back_to_the_answers(squad_task, tmp_pat
                 "span_score": np.where(gold, 1.0, -np.inf)}
 
     monkeypatch.setattr(finetune.evaluator, "predict_spans", oracle)
-    scores = exp.evaluate(None, "validation", batch_size=8)
+    details = {}
+    scores = exp.evaluate(None, "validation", batch_size=8, details=details)
     assert scores["em"] == pytest.approx(100.0 * len(answerable) / 12)
+    rows = details["rows"]                     # predictions.jsonl: question, gold, answer
+    assert len(rows) == 12 and all(r["input"].strip() for r in rows)
+    assert all(rows[q]["prediction"] in rows[q]["target"] for q in answerable)
