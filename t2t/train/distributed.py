@@ -14,10 +14,10 @@ from typing import Mapping, Optional
 import jax
 
 from t2t.errors import UserError
+from t2t.platforms import TPU_ENV   # the env vars that mark a Cloud TPU VM
 
 _log = logging.getLogger(__name__)
 
-_TPU_ENV = ("TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID", "TPU_ACCELERATOR_TYPE", "TPU_NAME")
 # What JAX's SLURM detection reads; all are set inside an `srun` task.
 _SLURM_TASK_ENV = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
                    "SLURM_LOCALID")
@@ -34,7 +34,7 @@ def _tpu_chips() -> int:
 
 def cluster(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """"tpu" on a Cloud TPU VM, "slurm" in one task of a multi-task `srun`, else None."""
-    if any(environ.get(k) for k in _TPU_ENV) or _tpu_chips() > 0:
+    if any(environ.get(k) for k in TPU_ENV) or _tpu_chips() > 0:
         return "tpu"
     if all(k in environ for k in _SLURM_TASK_ENV) and int(environ["SLURM_NTASKS"]) > 1:
         return "slurm"
