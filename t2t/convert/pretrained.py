@@ -3,7 +3,9 @@ config.json's `model_type`, `save_pretrained` writes a directory `transformers` 
 
 `PretrainedModel.logits(input_ids, attention_mask)` equals the HF class's output: MLM logits
 [batch, length, vocab] for BERT, RoBERTa, ALBERT, DistilBERT and an ELECTRA generator,
-replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2.
+replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2
+and XLNet (its content stream over the whole input; perm_mask, target_mapping and mems
+through `t2t.models.xlnet.XLNet`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2t.convert import hf, hf_encoders
+from t2t.convert import hf, hf_encoders, hf_xlnet
 from t2t.errors import UserError
 from t2t.nn.config import TransformerConfig
 
@@ -25,7 +27,7 @@ from t2t.nn.config import TransformerConfig
 ARCHITECTURES = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM",
                  "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining",
                  "distilbert": "DistilBertForMaskedLM", "gpt2": "GPT2LMHeadModel",
-                 "t5": "T5ForConditionalGeneration"}
+                 "t5": "T5ForConditionalGeneration", "xlnet": hf_xlnet.ARCHITECTURE}
 SUPPORTED = tuple(ARCHITECTURES)
 
 
@@ -42,6 +44,7 @@ class PretrainedModel:
     config: TransformerConfig
     params: Any
     pad_token_id: int = 0
+    options: Any = None     # settings outside TransformerConfig (XLNet: XLNetOptions)
 
     def logits(self, input_ids, attention_mask=None, token_type_ids=None) -> np.ndarray:
         """The HF class's logits for right- or left-padded [batch, length] ids (1 = token)."""
@@ -49,7 +52,8 @@ class PretrainedModel:
         mask = jnp.ones_like(ids) if attention_mask is None else jnp.asarray(attention_mask,
                                                                               jnp.int32)
         types = None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-        fn = _logits_fn(self.model_type, self._module_kind(), self.config, self.pad_token_id)
+        fn = _logits_fn(self.model_type, self._module_kind(), self.config, self.pad_token_id,
+                        self.options)
         return np.asarray(fn(self.params, ids, mask, types))
 
     def _module_kind(self) -> str:
@@ -58,7 +62,7 @@ class PretrainedModel:
                                   "use t2t.nn.stacks.EncoderDecoder with decoder inputs")
         if self.model_type == "electra" and "rtd_head" in self.params:
             return "discriminator"
-        if self.model_type == "gpt2":
+        if self.model_type in ("gpt2", "xlnet"):
             return "lm"
         if "mlm_head" not in self.params:
             raise PretrainedError(f"this {self.architecture} checkpoint has no MLM head, so "
@@ -74,11 +78,17 @@ def roberta_positions(input_ids: jax.Array, pad_token_id: int) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
-def _logits_fn(model_type: str, kind: str, config: TransformerConfig, pad_token_id: int):
+def _logits_fn(model_type: str, kind: str, config: TransformerConfig, pad_token_id: int,
+               options=None):
     from t2t.models.bert import BertModel
     from t2t.models.electra import ElectraDiscriminator
+    from t2t.models.xlnet import XLNet
     from t2t.nn.stacks import Decoder
 
+    if model_type == "xlnet":
+        def fn(params, ids, mask, types):
+            return XLNet(config, options).apply({"params": params}, ids, mask, types)[0]
+        return jax.jit(fn)
     if kind == "lm":
         def fn(params, ids, mask, types):
             return Decoder(config).apply({"params": params}, ids, decoder_segment_ids=mask)
@@ -123,7 +133,8 @@ def _read_hf_config(directory: str) -> Dict[str, Any]:
 
 
 def _config(model_type: str, d: Dict[str, Any]) -> TransformerConfig:
-    fns = {"bert": hf.bert_config, "gpt2": hf.gpt2_config, "t5": hf.t5_config}
+    fns = {"bert": hf.bert_config, "gpt2": hf.gpt2_config, "t5": hf.t5_config,
+           "xlnet": hf_xlnet.xlnet_config}
     fn = fns.get(model_type) or functools.partial(hf_encoders.config_from_hf, model_type)
     try:
         return fn(d)
@@ -156,11 +167,14 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
         params = hf.gpt2_params_from_hf(state, config)
     elif model_type == "t5":
         params = hf.t5_params_from_hf(state, config)
+    elif model_type == "xlnet":
+        params = hf_xlnet.params_from_hf(state, config)
     else:
         params = hf_encoders.params_from_hf(model_type, state, config, architecture)
     pad = d.get("pad_token_id")
+    options = hf_xlnet.xlnet_options(d) if model_type == "xlnet" else None
     return PretrainedModel(model_type, architecture, config, params,
-                           0 if pad is None else int(pad))
+                           0 if pad is None else int(pad), options)
 
 
 def save_pretrained(model: PretrainedModel, directory) -> None:
@@ -175,6 +189,10 @@ def save_pretrained(model: PretrainedModel, directory) -> None:
     if t == "t5":
         hf.save_t5(c, p, directory)
         return
+    if t == "xlnet":
+        hf._save(directory, hf_xlnet.xlnet_hf_config(c, model.options, model.pad_token_id),
+                 hf_xlnet.params_to_hf(c, p))
+        return
     if t not in SUPPORTED:
         raise PretrainedError(f"model_type {t!r} is not supported; t2t writes {list(SUPPORTED)}")
     architecture = model.architecture
@@ -185,15 +203,17 @@ def save_pretrained(model: PretrainedModel, directory) -> None:
 
 
 def pretrained(model_type: str, config: TransformerConfig, params,
-               architecture: Optional[str] = None, pad_token_id: Optional[int] = None
-               ) -> PretrainedModel:
-    """Wrap t2t params (e.g. a trained checkpoint's) for `save_pretrained`."""
+               architecture: Optional[str] = None, pad_token_id: Optional[int] = None,
+               options=None) -> PretrainedModel:
+    """Wrap t2t params (e.g. a trained checkpoint's) for `save_pretrained` (`options`: an
+    XLNet's `XLNetOptions`)."""
     if model_type not in SUPPORTED:
         raise PretrainedError(f"model_type {model_type!r} is not supported; choose one of "
                               f"{list(SUPPORTED)}")
-    pad = (1 if model_type == "roberta" else 0) if pad_token_id is None else pad_token_id
+    default_pad = {"roberta": 1, "xlnet": 5}.get(model_type, 0)
+    pad = default_pad if pad_token_id is None else pad_token_id
     return PretrainedModel(model_type, architecture or ARCHITECTURES[model_type], config,
-                           hf._tree(params), pad)
+                           hf._tree(params), pad, options)
 
 
 # What each HF class holds of a t2t BertModel tree (the rest, e.g. an unused NSP head, is
