@@ -27,11 +27,13 @@ the token representation repeated for both directions, then [forward_j; backward
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 
 from t2t.data.characters import MAX_CHARS, NUM_CHAR_IDS
 from t2t.errors import ConfigError, UserError
@@ -233,6 +235,10 @@ class ElmoModel(Model):
             if key not in batch:
                 raise UserError(f"an ELMo batch needs {list(self.input_features)}; "
                                 f"{key!r} is missing (t2t.data.characters.sentence_features)")
+        if batch["char_ids"].shape[-1] != self.config.max_chars:
+            raise UserError(f"char_ids have {batch['char_ids'].shape[-1]} characters per token "
+                            f"but ElmoConfig.max_chars is {self.config.max_chars}: make them "
+                            "agree (TASK_FEATURE_LENGTHS['characters'])")
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         self._check(batch)
@@ -296,6 +302,54 @@ class ElmoMixClassifier(nn.Module):
         pooled = jnp.sum(mixed * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
         pooled = nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
         return nn.Dense(self.num_classes, name="classifier")(pooled)          # [b, C]
+
+
+def train_mix_classifier(layers: np.ndarray, token_ids: np.ndarray, labels: np.ndarray,
+                         num_classes: int, *, steps: int = 300, batch_size: int = 64,
+                         learning_rate: float = 1e-2, dropout_rate: float = 0.0,
+                         seed: int = 0) -> Tuple[Params, List[float]]:
+    """Fits an ElmoMixClassifier (the mix and the classifier only: the biLM is frozen)
+    on precomputed layers [L+1, N, l, d] with Adam, `steps` minibatches drawn with
+    `seed` -> (head params, training loss every step)."""
+    num_layers, n = layers.shape[0], layers.shape[1]
+    if n != len(labels) or n != len(token_ids):
+        raise UserError(f"{n} examples of layers, {len(token_ids)} of tokens and "
+                        f"{len(labels)} labels: give one of each per example")
+    head = ElmoMixClassifier(num_layers, num_classes, dropout_rate)
+    rng = jax.random.PRNGKey(seed)
+    params = head.init(rng, jnp.asarray(layers[:, :1]), jnp.asarray(token_ids[:1]))["params"]
+    tx = optax.adam(learning_rate)
+
+    def loss_fn(p, x, t, y, key):
+        logits = head.apply({"params": p}, x, t, deterministic=False, rngs={"dropout": key})
+        lp = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return -jnp.mean(jnp.take_along_axis(lp, y[:, None], -1))
+
+    @jax.jit
+    def step(p, state, x, t, y, key):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, t, y, key)
+        updates, state = tx.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    state, history = tx.init(params), []
+    order = np.random.default_rng(seed)
+    for i in range(steps):
+        rows = order.choice(n, size=min(batch_size, n), replace=False)
+        params, state, loss = step(params, state, jnp.asarray(layers[:, rows]),
+                                   jnp.asarray(token_ids[rows]),
+                                   jnp.asarray(labels[rows], jnp.int32),
+                                   jax.random.fold_in(rng, i))
+        history.append(float(loss))
+    return params, history
+
+
+def mix_accuracy(head_params: Params, layers: np.ndarray, token_ids: np.ndarray,
+                 labels: np.ndarray, num_classes: int) -> float:
+    """Accuracy of a trained ElmoMixClassifier on precomputed layers [L+1, N, l, d]."""
+    head = ElmoMixClassifier(layers.shape[0], num_classes)
+    logits = jax.jit(lambda p, x, t: head.apply({"params": p}, x, t))(
+        head_params, jnp.asarray(layers), jnp.asarray(token_ids))
+    return float(np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(labels)))
 
 
 def mix_weights(head_params: Params) -> Dict[str, Any]:

@@ -208,3 +208,24 @@ def test_bad_config_and_batch_are_one_line_errors():
         elmo.ElmoConfig(cell_size=0)
     with pytest.raises(UserError, match="char_ids"):
         elmo.ElmoModel(TINY).init(jax.random.PRNGKey(0), {"token_ids": TOKENS})
+    with pytest.raises(UserError, match="max_chars is 8"):
+        elmo.ElmoModel(TINY).init(jax.random.PRNGKey(0), {
+            "token_ids": TOKENS, "char_ids": jnp.ones((2, 7, 9), jnp.int32)})
+
+
+def test_the_mix_learns_which_layer_carries_the_label():
+    # 3 layers of noise; only layer 2's mean over tokens tells the class apart
+    rng = np.random.default_rng(0)
+    n, length, d = 256, 5, 8
+    labels = rng.integers(0, 2, n)
+    layers = rng.normal(size=(3, n, length, d)).astype(np.float32)
+    layers[2, :, :, 0] += 3.0 * (2 * labels[:, None] - 1)
+    tokens = np.ones((n, length), np.int32)
+    head, losses = elmo.train_mix_classifier(layers, tokens, labels, 2, steps=150,
+                                             batch_size=64, learning_rate=0.05)
+    weights = np.asarray(elmo.mix_weights(head)["weights"])
+    assert weights.argmax() == 2 and weights[2] > 0.5, weights
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    assert elmo.mix_accuracy(head, layers, tokens, labels, 2) > 0.95
+    with pytest.raises(UserError, match="one of each"):
+        elmo.train_mix_classifier(layers, tokens, labels[:10], 2, steps=1)
