@@ -174,7 +174,9 @@ class XLNetPretrainingModel(Model):
     """
 
     family = "bert"      # an encoder to the trainer's FLOP count and batch geometry
-    input_features = ("encoder_input_tokens",)
+    input_features = ("encoder_input_tokens", "encoder_segment_ids", "token_type_ids",
+                      "factorization_ranks", "masked_positions", "masked_weights",
+                      "memory_tokens")
 
     def __init__(self, config: TransformerConfig, loss: LossConfig = LossConfig(z_loss=0.0),
                  options: XLNetOptions = XLNetOptions()):
@@ -206,20 +208,26 @@ class XLNetPretrainingModel(Model):
                                     method=XLNet.encode)
         return jax.lax.stop_gradient(mems)
 
-    def predictions(self, params, batch, rng: Optional[jax.Array] = None) -> jax.Array:
-        """Logits of the targets [b, P, vocab]."""
+    def apply(self, params, batch, rng: Optional[jax.Array] = None, **kwargs) -> jax.Array:
+        """Logits of the targets [b, P, vocab] (query stream, over the memory's states)."""
         memory_rng = step_rng = rng
         if rng is not None:
             memory_rng, step_rng = jax.random.split(rng)
         mems = self.memory(params, batch, memory_rng)
         rngs = {} if step_rng is None else {"dropout": step_rng}
         logits, _ = self.module.apply({"params": params}, **self._features(batch, mems),
-                                      deterministic=rng is None, rngs=rngs)
+                                      deterministic=rng is None, rngs=rngs, **kwargs)
         return logits
 
     def loss_fn(self, params, batch, rng: Optional[jax.Array] = None):
-        logits = self.predictions(params, batch, rng)
+        logits = self.apply(params, batch, rng)
         return self.token_loss(logits, batch["masked_ids"], batch["masked_weights"])
 
     def loss_weight(self, batch) -> jax.Array:
         return jnp.sum(batch["masked_weights"])
+
+    def score(self, params, batch) -> jax.Array:
+        """log p(targets | the tokens before them in z) per example [b] (eq. 5's sum)."""
+        log_probs = jax.nn.log_softmax(self.apply(params, batch).astype(jnp.float32), -1)
+        token_lp = jnp.take_along_axis(log_probs, batch["masked_ids"][..., None], -1)[..., 0]
+        return jnp.sum(token_lp * batch["masked_weights"], axis=-1)

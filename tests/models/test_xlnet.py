@@ -139,6 +139,9 @@ def test_memory_has_no_gradient_and_the_loss_falls():
     params = model.init(jax.random.PRNGKey(0), batch)
     grads = jax.jit(jax.grad(lambda p: sum(jnp.sum(m) for m in model.memory(p, batch))))(params)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads))
+    loss, metrics = jax.jit(model.loss_fn)(params, batch)    # score sums what the loss means
+    np.testing.assert_allclose(-jnp.sum(jax.jit(model.score)(params, batch)),
+                               loss * metrics["num_tokens"], rtol=1e-5)
 
     opt = optax.adam(3e-3)
     state = opt.init(params)
