@@ -220,15 +220,16 @@ def lm_targets(token_ids: jax.Array) -> Dict[str, jax.Array]:
 class ElmoModel(Model):
     """The biLM under the Model contract: `loss_fn` is the mean negative log likelihood
     per predicted token over both directions (Sec. 3.1's joint objective, each direction's
-    tokens counted once); `perplexity` is its exponential."""
+    tokens counted once; plus `loss`'s z-loss or smoothing if any, none by default);
+    `perplexity` is the exponential of the plain NLL."""
 
     family = "elmo"
     input_features = ("token_ids", "char_ids")
 
-    def __init__(self, config: ElmoConfig):      # not Model.__init__: no TransformerConfig
-        self.config = config
+    def __init__(self, config: ElmoConfig, loss: LossConfig = LossConfig(z_loss=0.0)):
+        self.config = config              # not Model.__init__, which wants a Transformer
         self.module = BiLM(config)
-        self.loss = LossConfig(z_loss=0.0)
+        self.loss = loss
 
     def _check(self, batch: Batch) -> None:
         for key in self.input_features:
@@ -251,15 +252,21 @@ class ElmoModel(Model):
         logits = jnp.concatenate([out["forward_logits"], out["backward_logits"]], 1)
         targets = jnp.concatenate([t["forward"], t["backward"]], 1)
         weights = jnp.concatenate([t["forward_weights"], t["backward_weights"]], 1)
-        loss, _, num_tokens = losses.cross_entropy_with_logits(
-            logits.astype(jnp.float32), targets, weights, z_loss=0.0)
+        loss, z_loss, num_tokens = losses.cross_entropy_with_logits(
+            logits.astype(jnp.float32), targets, weights, z_loss=self.loss.z_loss,
+            label_smoothing=self.loss.label_smoothing,
+            loss_normalizing_factor=self.loss.loss_normalizing_factor)
         directions = {}
-        for d in ("forward", "backward"):
+        for d in ("forward", "backward"):     # plain NLL per direction (no z-loss, smoothing)
             directions[f"{d}_loss"] = losses.cross_entropy_with_logits(
                 out[f"{d}_logits"].astype(jnp.float32), t[d], t[f"{d}_weights"],
                 z_loss=0.0)[0]
-        metrics = {"loss": loss, "perplexity": jnp.exp(loss), "num_tokens": num_tokens,
-                   "accuracy": losses.accuracy(logits, targets, weights), **directions}
+        nll = (directions["forward_loss"] * jnp.sum(t["forward_weights"])
+               + directions["backward_loss"] * jnp.sum(t["backward_weights"])
+               ) / jnp.maximum(num_tokens, 1.0)
+        metrics = {"loss": loss, "z_loss": z_loss, "perplexity": jnp.exp(nll),
+                   "num_tokens": num_tokens, "accuracy": losses.accuracy(logits, targets, weights),
+                   **directions}
         return loss, metrics
 
     def loss_weight(self, batch: Batch) -> jax.Array:

@@ -9,6 +9,7 @@ import pytest
 from t2t.data import characters
 from t2t.errors import ConfigError, UserError
 from t2t.models import elmo
+from t2t.models.base import LossConfig
 
 TINY = elmo.ElmoConfig(vocab_size=40, max_chars=8, char_embed_dim=4, filters=((1, 4), (3, 6)),
                        num_highway=2, projection_dim=6, cell_size=10, num_layers=2,
@@ -163,6 +164,11 @@ def test_loss_is_the_joint_forward_and_backward_likelihood(bilm):
                                np.mean(nll[:6] + nll[12:15]), rtol=1e-5)
     # the softmax is one shared layer
     assert set(params) >= {"softmax"} and not any("softmax_" in k for k in params)
+    # a z-loss adds to the loss, not to the perplexity
+    z_loss, z_metrics = elmo.ElmoModel(TINY, LossConfig(z_loss=1e-2)).loss_fn(params, batch)
+    assert float(z_loss) > float(loss) + 1e-3 and float(z_metrics["z_loss"]) > 0
+    np.testing.assert_allclose(float(z_metrics["perplexity"]), float(metrics["perplexity"]),
+                               rtol=1e-6)
     score = model.score(params, batch)
     np.testing.assert_allclose(np.asarray(score), [-sum(nll[:6]), -sum(nll[12:15])], rtol=1e-5)
 
