@@ -59,6 +59,23 @@ def _lengths(family: str, input_length: Optional[int],
     return int(input_length or 0), int(target_length or 0)
 
 
+def elmo_forward_flops(config, length: int) -> dict[str, float]:
+    """Forward FLOPs of ONE sentence of ``length`` tokens through ELMo's biLM
+    (``t2t.models.elmo.ElmoConfig``: ``c`` characters a token, ``e``-dim character
+    embeddings, filters ``(w, k)`` with ``F = Σk``, projection ``p``, cells ``n``), per token:
+    convolutions ``Σ 2·w·e·k·(c - w + 1)``, highway ``2·2·F²`` a layer, projection ``2·F·p``;
+    per LSTMP layer and direction ``2·(p·4n + p·4n + n·p)`` (input, projected recurrent
+    state, projection: LSTMP's own count, whatever the implementation multiplies); logits
+    ``2·p·V`` for each direction."""
+    c, e, f, p, n = (config.max_chars, config.char_embed_dim, config.num_filters,
+                     config.projection_dim, config.cell_size)
+    chars = sum(2 * w * e * k * (c - w + 1) for w, k in config.filters)
+    chars += config.num_highway * 2 * 2 * f * f + 2 * f * p
+    lstm = 2 * config.num_layers * 2 * (p * 4 * n + p * 4 * n + n * p)
+    return {"dense": float(length * (chars + lstm)), "attention": 0.0,
+            "logits": float(length * 2 * 2 * p * config.vocab_size)}
+
+
 def forward_flops_breakdown(config: TransformerConfig, family: str, *,
                             input_length: Optional[int] = None,
                             target_length: Optional[int] = None,
@@ -67,8 +84,12 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     """Forward FLOPs of ONE example, split into ``dense``, ``attention``, ``logits``.
 
     ``causal`` applies to decoder self-attention (default True; False for a fully
-    bidirectional count); the encoder is never causal.
+    bidirectional count); the encoder is never causal. ELMo (family ``elmo``, an
+    ``ElmoConfig``, ``target_length`` tokens): :func:`elmo_forward_flops`.
     """
+    if family == "elmo":
+        _lengths("decoder", None, target_length)     # ELMo's length is the target length
+        return elmo_forward_flops(config, int(target_length))
     family = _family(family)
     s, t = _lengths(family, input_length, target_length)
     d, a, f, v = config.d_model, config.num_heads * config.head_dim, config.d_ff, config.vocab_size
@@ -108,8 +129,9 @@ def step_flops(config: TransformerConfig, family: str, batch_size: int, *,
 
 def tokens_per_example(family: str, input_length: Optional[int] = None,
                        target_length: Optional[int] = None) -> int:
-    """S (encoder), T (decoder) or S + T (encoder-decoder)."""
-    s, t = _lengths(_family(family), input_length, target_length)
+    """S (encoder), T (decoder or ELMo) or S + T (encoder-decoder)."""
+    s, t = _lengths(_family("decoder" if family == "elmo" else family), input_length,
+                    target_length)
     return s + t
 
 

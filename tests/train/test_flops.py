@@ -85,3 +85,28 @@ def test_measured_peak_is_a_plausible_rate():
     from t2t.train.flops import measure_peak_flops
     peak = measure_peak_flops("float32", size=256, repeats=2)
     assert 1e8 < peak < 1e14
+
+
+def test_elmo_counts_each_matmul_parameter_twice_per_token():
+    """ELMo's dense FLOPs per token: 2 x every LSTMP, highway and projection kernel entry
+    (read off the real parameter tree) plus the character convolutions at each offset."""
+    import jax
+    from flax import traverse_util
+
+    from t2t.models import elmo
+    cfg = elmo.ElmoConfig(vocab_size=50, max_chars=8, char_embed_dim=4,
+                          filters=((1, 3), (2, 5)), num_highway=2, projection_dim=6,
+                          cell_size=10)
+    shapes = traverse_util.flatten_dict(jax.eval_shape(
+        lambda: elmo.BiLM(cfg).init(jax.random.PRNGKey(0), jax.numpy.ones((1, 3), "int32"),
+                                    jax.numpy.ones((1, 3, 8), "int32")))["params"])
+    kernels = sum(v.size for k, v in shapes.items()
+                  if k[-1] in ("kernel", "recurrent", "projection") and "conv" not in k[-2]
+                  and k[0] != "softmax")
+    convs = 2 * (1 * 4 * 3 * 8 + 2 * 4 * 5 * 7)
+    parts = flops.forward_flops_breakdown(cfg, "elmo", target_length=7)
+    assert parts["dense"] == 7 * (2 * kernels + convs)
+    assert parts["logits"] == 7 * 2 * 2 * 6 * 50 and parts["attention"] == 0
+    assert flops.tokens_per_example("elmo", target_length=7) == 7
+    with pytest.raises(ValueError, match="target_length"):
+        flops.forward_flops_breakdown(cfg, "elmo")
