@@ -24,8 +24,8 @@ IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 def step_fn(impl: str, dropout: float, inputs: int, targets: int):
     """A zero-argument function running one train step (state carried between calls)."""
     import jax
-    from t2t import gin_utils
-    from t2t.train import experiment
+    from t2t.run import gin_utils
+    from t2t.run import experiment
     gin_utils.parse(
         ["runs/pretrain.gin", "hardware/cpu.gin", "ablations/scales/t5_tiny_model.gin",
          "objectives/iid_15_u_u.gin"],

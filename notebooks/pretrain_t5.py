@@ -40,8 +40,8 @@ from tqdm import TqdmWarning
 
 with warnings.catch_warnings():      # tqdm's "IProgress not found": no ipywidgets, plain bars
     warnings.simplefilter("ignore", TqdmWarning)
-    from t2t import gin_utils
-    from t2t.train import experiment
+    from t2t.run import gin_utils
+    from t2t.run import experiment
     from t2t.train.trainer import fit
 
 plt.rcParams["figure.dpi"] = 80

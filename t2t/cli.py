@@ -19,15 +19,15 @@ ERROR_LOG = os.path.join(tempfile.gettempdir(), "t2t-error.log")   # the last er
 def _parse_gin(args, required=("MODEL_DIR",)) -> None:
     """Parse the command's gin files and bindings; a command-line macro the config does not
     use, or a `required` macro left unset, is one ConfigError before anything compiles."""
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     bindings = args.gin + args.gin_bindings
     gin_utils.parse(args.gin_file, bindings)
     gin_utils.check_bindings(bindings, required)
 
 
 def _model_from_gin(gin_files: List[str], bindings: List[str]):
-    from t2t import gin_utils
-    from t2t.nn.config import TransformerConfig
+    from t2t.run import gin_utils
+    from t2t.run.configurables import TransformerConfig
     gin_utils.parse(gin_files, bindings)
     gin_utils.check_bindings(bindings, required=())
     family = gin_utils.query_macro("MODEL_FAMILY")
@@ -64,7 +64,7 @@ def cmd_forward(args) -> int:
 
 def _gin_args(argv: List[str]):
     """Split `--gin.NAME=value` flags (t5x style) from the rest of argv."""
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     bindings, rest = [], []
     for arg in argv:
         if arg.startswith("--gin.") and "=" in arg:
@@ -77,7 +77,8 @@ def _gin_args(argv: List[str]):
 
 def cmd_train(args) -> int:
     """`t2t train --gin_file=... [--gin.MACRO=value ...]`: the gin-wired training run."""
-    from t2t.train import distributed, experiment
+    from t2t.train import distributed
+    from t2t.run import experiment
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     _parse_gin(args)
     result = experiment.run()
@@ -85,13 +86,14 @@ def cmd_train(args) -> int:
 
 
 def _parse_finetune_gin(args, required=("MODEL_DIR",)) -> None:
-    from t2t.train import finetune  # noqa: F401  registers its configurables
+    from t2t.run import finetune  # noqa: F401  registers its configurables
     _parse_gin(args, required)
 
 
 def cmd_finetune(args) -> int:
     """`t2t finetune --gin_file=... --gin.MODEL_DIR=... --gin.INITIAL_CHECKPOINT=...`."""
-    from t2t.train import distributed, finetune
+    from t2t.train import distributed
+    from t2t.run import finetune
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     _parse_finetune_gin(args, required=("MODEL_DIR", "INITIAL_CHECKPOINT"))
     out = finetune.run(args.split or None)
@@ -101,7 +103,7 @@ def cmd_finetune(args) -> int:
 def cmd_eval(args) -> int:
     """`t2t eval --gin_file=... --gin.MODEL_DIR=... [--split test]`: score the latest
     checkpoint; metrics.json + results.md into --output_dir (default MODEL_DIR)."""
-    from t2t.train import finetune
+    from t2t.run import finetune
     _parse_finetune_gin(args)
     finetune.evaluate_run(args.split or None, args.output_dir)
     return 0
@@ -110,7 +112,7 @@ def cmd_eval(args) -> int:
 def cmd_infer(args) -> int:
     """`t2t infer --gin_file=... --gin.MODEL_DIR=... [--input FILE]`: one output line per
     input line (stdin by default)."""
-    from t2t.train import finetune
+    from t2t.run import finetune
     _parse_finetune_gin(args)
     lines = read_input_lines(args.input)
     exp, params = finetune.restore_experiment()
@@ -163,7 +165,7 @@ def cmd_compile(args) -> int:
     import jax
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")   # the host runs nothing; libtpu compiles
-    from t2t.train import aot, finetune  # noqa: F401  finetune registers its configurables
+    from t2t.run import aot, finetune  # noqa: F401  finetune registers its configurables
     aot.parse_gin(args.gin_file, args.gin + args.gin_bindings)
     topology, num_slices = aot.target_from_config(args.topology, args.num_slices)
     report = aot.compile_for(topology, num_slices, args.step)
@@ -183,9 +185,9 @@ def cmd_convert(args) -> int:
     if os.path.isfile(os.path.join(args.src, "config.json")):
         models = {"model": hf_pretrained.load_pretrained(args.src)}
     else:
-        from t2t import gin_utils
-        from t2t.nn.config import TransformerConfig
-        from t2t.train.finetune import restore_params
+        from t2t.run import configurables as configured
+        from t2t.run import gin_utils
+        from t2t.run.finetune import restore_params
         if not args.model_type:
             raise UserError(f"{args.src!r} is a t2t MODEL_DIR: name the Hugging Face family "
                             f"with --model_type ({', '.join(hf_pretrained.SUPPORTED)})")
@@ -196,11 +198,10 @@ def cmd_convert(args) -> int:
         gin_utils.parse([config_gin], [])
         params = restore_params(args.src, step=args.step)
         vocab = params["token_embedder"]["embedding"].shape[0]
-        config = TransformerConfig().replace(vocab_size=vocab)
+        config = configured.TransformerConfig().replace(vocab_size=vocab)
         generator = None
         if args.model_type == "electra":
-            from t2t.models.electra import ElectraPretrainingModel
-            generator = ElectraPretrainingModel(config).generator_config
+            generator = configured.MODEL_CLASSES["electra"](config).generator_config
         models = hf_pretrained.from_t2t(args.model_type, config, params, generator)
     for name, model in models.items():
         out = args.out if len(models) == 1 else os.path.join(args.out, name)

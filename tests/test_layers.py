@@ -12,7 +12,8 @@ LAYERS = (
     ("data",),                              # text -> packed numpy batches (no model code)
     ("models",),                            # a wrapper per family around t2t.nn
     ("convert",),                           # Hugging Face weights in and out
-    ("train", "gin_utils", "launch"),       # trainer, partitioning, run builders
+    ("train", "launch"),                    # trainer, partitioning; Cloud TPU launcher
+    ("run",),                               # gin at the edge: configurables, builders
     ("ablations", "cli"),                   # grids and the command line
 )
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
+from t2t.run.configurables import configurable
+
 STAGES = ("pretrain", "finetune")
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
               "description", "averages", "splits", "task_finetune"}
@@ -166,7 +168,7 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
                  tuple(dict(spec.get("splits", {})).items()), task_finetune)
 
 
-@gin.configurable
+@configurable
 def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
              axes: Mapping[str, Mapping[str, Any]] = gin.REQUIRED,
              scales: Mapping[str, Mapping[str, Any]] = gin.REQUIRED,
@@ -209,7 +211,7 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
 
 def load_grid(path: str, scale: str = "tiny", bindings: Sequence[str] = ()) -> Grid:
     """Parse a grid gin file and build its `Grid` at `scale` (leaves gin cleared)."""
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     gin_utils.parse([path], list(bindings) + [f"ablation.scale = {scale!r}"])
     try:
         return dataclasses.replace(ablation(), source=path, source_bindings=tuple(bindings))

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.ablations.grid import Cell, Grid
 
 _log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     with this configuration, or copied from another grid's under `out_dir` that did),
     then the scale's held-out score if it has one."""
     from t2t.data import tasks as tasks_lib
-    from t2t.train import experiment as experiment_lib
+    from t2t.run import experiment as experiment_lib
     from t2t.train.trainer import fit
     files, bindings = stage_config(grid, grid.scale.pretrain + cell.pretrain)
     gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
@@ -236,8 +236,8 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
     """Fine-tune the pretrained cell on `task` and score the scale's split (or reuse the
     finished stage when neither its configuration nor its pretraining changed, or copy
     the same fine-tuning of `pretrain_twin`, the pretraining ours was copied from)."""
-    from t2t.train import experiment as experiment_lib
-    from t2t.train import finetune as finetune_lib
+    from t2t.run import experiment as experiment_lib
+    from t2t.run import finetune as finetune_lib
     files, bindings = stage_config(grid, grid.scale.finetune_lines(task) + cell.finetune)
     gin_utils.parse(files, bindings + [
         f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",

@@ -1,14 +1,15 @@
-"""Paper-scale tasks, tokenized with the T5 SentencePiece (`t5_vocabulary`, a gin-bound
-local path; T5's is ``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model``: copy it, as
-nothing here downloads). Registered at import, nothing read until used:
+"""Paper-scale tasks, tokenized with the T5 SentencePiece (`t5_vocabulary`, from a local
+path that gin binds as ``t5_vocabulary.path``; T5's is
+``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model``: copy it, as nothing here
+downloads). Registered at import, nothing read until used:
 
 * ``c4_<objective>`` (the suffixes of ``bible_web_*``): the T5 objectives over TFDS
   ``c4/en``, and ``c4_<objective>_validation`` over its validation split;
 * ``wikipedia_mlm_nsp``, ``wikipedia_mlm``, ``wikipedia_ltr`` (and ``_validation``: a
   seeded-hash 0.1% of articles held out): BERT's objectives over TFDS English Wikipedia,
   articles as documents and their sentences as sentences, with BERT's uncased WordPiece
-  (`bert_vocabulary`, a gin-bound local vocab.txt). BookCorpus, BERT's other half, is not
-  in TFDS;
+  (`bert_vocabulary`, a local vocab.txt: ``bert_vocabulary.path``). BookCorpus, BERT's
+  other half, is not in TFDS;
 * the standard benchmark tasks of `t2t.data.benchmarks` (GLUE, SuperGLUE, SQuAD, WMT,
   CNN/DailyMail) by their names, ``glue_cola`` ...
 """
@@ -16,24 +17,44 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, List
-
-import gin
+from typing import Any, Callable, Dict, List
 
 from t2t.data import builders
 from t2t.data.benchmarks import register_benchmark_tasks
 from t2t.data.sources import TfdsSource
+from t2t.errors import ConfigError
 from t2t.data.tasks import (BertPretraining, Task, bert_ltr, register_task,
                             t5_objective_tasks, tokenize)
 
 C4 = "c4/en:3.1.0"   # TFDS's C4 en (T5's own tasks read 3.0.1, no longer in TFDS)
 
 
-@gin.configurable
-def t5_vocabulary(path: str = gin.REQUIRED, extra_ids: int = 100) -> Any:
+def t5_vocabulary(path: str | None = None, extra_ids: int = 100) -> Any:
     """The T5 SentencePiece (32k pieces + 100 sentinels) from a local `path`."""
     from t2t.data.vocab import SentencePieceVocabulary
+    _require(path, "t5_vocabulary", "the T5 SentencePiece, e.g. a copy of "
+             "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model")
     return SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+
+def _require(path: str | None, name: str, what: str) -> None:
+    if not path:
+        raise ConfigError(f"the paper-scale tasks need {what}: bind {name}.path = "
+                          f"'/local/path' (nothing here downloads)")
+
+
+# The vocabularies the registered tasks call when first used. The run layer replaces them
+# with versions whose `path` gin binds (t2t/run/configurables.py).
+VOCABULARY_PROVIDERS: Dict[str, Callable[[], Any]] = {}
+
+
+def provided_vocabulary(name: str) -> Any:
+    """The vocabulary `name` ('t5' | 'bert') from `VOCABULARY_PROVIDERS`."""
+    return VOCABULARY_PROVIDERS[name]()
+
+
+T5_VOCABULARY = functools.partial(provided_vocabulary, "t5")
+BERT_VOCABULARY = functools.partial(provided_vocabulary, "bert")
 
 
 def as_text(record: Any) -> dict:
@@ -42,7 +63,7 @@ def as_text(record: Any) -> dict:
     return {"text": text.decode("utf-8") if isinstance(text, bytes) else str(text)}
 
 
-def c4_tasks(split: str = "train", vocabulary: Any = t5_vocabulary,
+def c4_tasks(split: str = "train", vocabulary: Any = T5_VOCABULARY,
              data_dir: str | None = None) -> List[Task]:
     """``c4_span_corruption``, ``c4_lm``, ``c4_prefix_lm`` and ``c4_<variant>`` for the
     T5 objective tables, over one C4 split (unregistered)."""
@@ -54,7 +75,7 @@ def c4_tasks(split: str = "train", vocabulary: Any = t5_vocabulary,
     return tasks
 
 
-def register_c4_tasks(vocabulary: Any = t5_vocabulary, data_dir: str | None = None,
+def register_c4_tasks(vocabulary: Any = T5_VOCABULARY, data_dir: str | None = None,
                       overwrite: bool = False) -> List[str]:
     """Registers the C4 pretraining tasks (train and validation); returns their names."""
     tasks = c4_tasks("train", vocabulary, data_dir) + c4_tasks("validation", vocabulary, data_dir)
@@ -67,11 +88,14 @@ WIKIPEDIA = "wikipedia/20230601.en"
 WIKIPEDIA_HELDOUT = 0.001
 
 
-@gin.configurable
-def bert_vocabulary(path: str = gin.REQUIRED, lowercase: bool = True) -> Any:
+def bert_vocabulary(path: str | None = None, lowercase: bool = True) -> Any:
     """BERT's WordPiece (bert-base-uncased: 30,522 entries) from a local vocab.txt."""
     from t2t.data.vocab import WordPieceVocabulary
+    _require(path, "bert_vocabulary", "BERT's uncased WordPiece vocab.txt")
     return WordPieceVocabulary(path, lowercase=lowercase)
+
+
+VOCABULARY_PROVIDERS.update(t5=t5_vocabulary, bert=bert_vocabulary)
 
 
 def sentences(text: str) -> List[str]:
@@ -101,7 +125,7 @@ class WikipediaDocuments:
         return {"id": title, "index": int(index), "verses": sentences(text)}
 
 
-def wikipedia_tasks(split: str = "train", vocabulary: Any = bert_vocabulary,
+def wikipedia_tasks(split: str = "train", vocabulary: Any = BERT_VOCABULARY,
                     data_dir: str | None = None) -> List[Task]:
     """BERT Table 5/6 pretraining tasks over one Wikipedia split (unregistered)."""
     documents = functools.partial(WikipediaDocuments, split, data_dir)
@@ -122,4 +146,4 @@ def wikipedia_tasks(split: str = "train", vocabulary: Any = bert_vocabulary,
 register_c4_tasks()
 for _task in wikipedia_tasks("train") + wikipedia_tasks("validation"):
     register_task(_task)
-register_benchmark_tasks(t5_vocabulary)
+register_benchmark_tasks(T5_VOCABULARY)

@@ -10,7 +10,6 @@ import dataclasses
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 
@@ -22,7 +21,6 @@ Batch = Mapping[str, jax.Array]
 Metrics = Dict[str, jax.Array]
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """Cross-entropy options (t5x defaults: z-loss 1e-4, no smoothing, per-token mean)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
@@ -70,7 +69,6 @@ def student_from_teacher(config: TransformerConfig, params: Params, every: int =
     return config.replace(num_encoder_layers=len(keep)), traverse_util.unflatten_dict(out)
 
 
-@gin.configurable
 class DistillationModel(Model):
     """The student's trainer contract (init / loss_fn) around a frozen teacher.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 
@@ -135,7 +134,6 @@ def replace_tokens(inputs: jax.Array, masked_positions: jax.Array, masked_ids: j
     return corrupted, (corrupted != original).astype(jnp.float32)
 
 
-@gin.configurable
 class ElectraPretrainingModel(Model):
     """Loss = generator MLM + `rtd_weight` · discriminator BCE over every real token
     (λ = 50); replacements sampled from the generator's softmax, with no gradient through

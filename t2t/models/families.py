@@ -1,7 +1,7 @@
 """Which flax module serves each model family, with example inputs and parameter counts."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict, Mapping, Optional
 
 import flax.linen as nn
 import jax
@@ -39,19 +39,27 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
     raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
 
 
+MODEL_CLASSES: Dict[str, Callable[..., Model]] = {
+    "bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
+    "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel,
+    "distill": DistillationModel}
+
+
 def make_model(family: str, config: TransformerConfig, loss: LossConfig | None = None,
-               teacher=None) -> Model:
+               teacher=None, classes: Optional[Mapping[str, Callable[..., Model]]] = None
+               ) -> Model:
     """The family's model wrapper (init / loss_fn / score) around its module; 'distill' is
-    a DistilBERT student of `teacher` = (config, params), whose size follows the teacher's."""
+    a DistilBERT student of `teacher` = (config, params), whose size follows the teacher's.
+    `classes` overrides entries of `MODEL_CLASSES` (the run layer passes gin-configurable
+    versions, t2t/run/configurables.py)."""
+    classes = {**MODEL_CLASSES, **(classes or {})}
+    if family not in classes:
+        raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
     if family == "distill":
         if teacher is None:
             raise ValueError("the 'distill' family needs a teacher: bind TEACHER (see "
                              "configs/experiments/distilbert_tiny_bible.gin)")
-        return DistillationModel(teacher, loss or LossConfig(z_loss=0.0))
-    classes = {"bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
-               "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel}
-    if family not in classes:
-        raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
+        return classes[family](teacher, loss or LossConfig(z_loss=0.0))
     return classes[family](config) if loss is None else classes[family](config, loss)
 
 

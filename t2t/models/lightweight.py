@@ -3,7 +3,7 @@
 Each wraps any `Model` and keeps the *whole* parameter tree in the train state (so
 checkpoints, resume, `t2t eval` and `t2t infer` work unchanged); `is_frozen(path)` tells
 `peft.freeze` which leaves get no update and no optimizer state. `wrap(model)` picks the
-method from gin (`wrap.method = 'prefix'`; configs/runs/peft_*.gin).
+method (from gin in `t2t finetune`: `wrap.method = 'prefix'`; configs/runs/peft_*.gin).
 
 * LoRA (Hu et al. 2021): `{"lora": factors}` beside the base tree, merged as W + (α/r)·A·B.
 * Prompt tuning (Lester et al. 2021): `{"prompt": [n, E]}`, prepended to one stack's input.
@@ -22,10 +22,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
@@ -135,7 +134,6 @@ class Lightweight(peft.ViewForwarding, Model):
         return getattr(self.view, name)
 
 
-@gin.configurable
 class LoraTuning(Lightweight):
     """LoRA factors on the `targets` kernels: r·(fan_in + fan_out) trainable per kernel."""
 
@@ -159,7 +157,6 @@ class LoraTuning(Lightweight):
         return path[0] == "lora"
 
 
-@gin.configurable
 class PromptTuning(Lightweight):
     """`num_prompts` learned input embeddings (n·E trainable) before one stack's tokens
     (`peft.PromptTuningModel`'s placement and initialisation); cached decoding works."""
@@ -195,7 +192,6 @@ class PromptTuning(Lightweight):
         return path[0] == "prompt"
 
 
-@gin.configurable
 class PrefixTuning(Lightweight):
     """Prefix tuning: `prefix_length` key/value slots in every self-attention. With
     `reparameterize` (training, as Li & Liang) they are MLP(P') and only P' and the MLP
@@ -270,7 +266,6 @@ class PrefixTuning(Lightweight):
         return path[0] == "prefix_mlp" or path[-1] in PREFIX_SLOTS
 
 
-@gin.configurable
 class AdapterTuning(Lightweight):
     """Houlsby adapters of `adapter_size` units (2·(2md + d + m) per layer) and, with
     `train_norms` (the paper), every layer norm's scale and bias."""
@@ -295,12 +290,14 @@ METHODS: Dict[str, Callable[..., Lightweight]] = {
     "adapter": AdapterTuning}
 
 
-@gin.configurable
-def wrap(model: Model, method: Optional[str] = None) -> Model:
+def wrap(model: Model, method: Optional[str] = None,
+         methods: Optional[Mapping[str, Callable[..., Lightweight]]] = None) -> Model:
     """`model` fine-tuned in full (method None) or through one lightweight `method`
-    ('lora' | 'prompt' | 'prefix' | 'adapter'; options bound on its class in gin)."""
+    ('lora' | 'prompt' | 'prefix' | 'adapter'); `methods` overrides `METHODS` (the run layer
+    passes versions whose options gin binds on the class, t2t/run/configurables.py)."""
     if method is None:
         return model
-    if method not in METHODS:
-        raise ValueError(f"wrap.method={method!r}; choose one of {sorted(METHODS)} or None")
-    return METHODS[method](model)
+    methods = {**METHODS, **(methods or {})}
+    if method not in methods:
+        raise ValueError(f"wrap.method={method!r}; choose one of {sorted(methods)} or None")
+    return methods[method](model)

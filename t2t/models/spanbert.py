@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 
@@ -91,7 +90,6 @@ class SpanBertModel(BertModel):
                                             self.token_embedder)}
 
 
-@gin.configurable
 class SpanBertPretrainingModel(BertPretrainingModel):
     """Loss = MLM + `sbo_weight` · SBO (SpanBERT: 1), both over the masked tokens; no NSP."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-import gin
 import jax.numpy as jnp
 
 from t2t.errors import ConfigError
@@ -17,7 +16,6 @@ KERNEL_INITS = ("variance_scaling", "normal")
 DTYPES = ("float32", "bfloat16", "auto")
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Architecture and numerics of a Transformer.

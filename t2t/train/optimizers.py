@@ -7,13 +7,12 @@
 * schedules — ``linear_warmup_linear_decay`` (BERT), ``rsqrt`` (T5), ``cosine``, ``constant``.
 * :func:`accumulate_gradients` — microbatching with ``lax.scan``.
 
-``make_schedule`` / ``make_optimizer`` are the gin edges; everything else is plain Python.
+``make_schedule`` / ``make_optimizer`` pick one by name (gin binds them in the run layer).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Union
 
-import gin
 import jax
 import jax.numpy as jnp
 import optax
@@ -78,7 +77,6 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
 }
 
 
-@gin.configurable
 def make_schedule(name: str, **kwargs: Any) -> Schedule:
     """A schedule by name (one of :data:`SCHEDULES`) with its keyword arguments."""
     if name not in SCHEDULES:
@@ -143,7 +141,6 @@ OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
 }
 
 
-@gin.configurable
 def make_optimizer(name: str, learning_rate: LearningRate,
                    **kwargs: Any) -> optax.GradientTransformation:
     """An optimizer by name (one of :data:`OPTIMIZERS`); ``learning_rate`` may be a schedule,

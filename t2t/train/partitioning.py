@@ -39,7 +39,6 @@ import math
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import flax.linen as nn
-import gin
 import jax
 import numpy as np
 import optax
@@ -75,7 +74,6 @@ DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
 # ----------------------------------------------------------------------------- mesh
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """Mesh shape. ``-1`` on one ICI axis means "all remaining devices".
@@ -150,7 +148,7 @@ _TARGET_DEVICES: contextvars.ContextVar[Optional[Sequence[jax.Device]]] = (
 @contextlib.contextmanager
 def target_devices(devices: Sequence[jax.Device]) -> Iterator[None]:
     """Meshes built inside (``make_mesh(devices=None)``) use ``devices``: e.g. the
-    compile-only devices of a TPU topology, so that a gin-built experiment's trainer
+    compile-only devices of a TPU topology, so that an experiment's trainer
     targets that topology (``t2t compile``)."""
     token = _TARGET_DEVICES.set(list(devices))
     try:
@@ -164,7 +162,7 @@ def make_mesh(config: Optional[MeshConfig] = None,
     """A ``("data", "fsdp", "tensor")`` mesh (``("data", "expert", "fsdp", "tensor")``
     when ``config.expert != 1``) with Auto axis types, topology-aware order.
 
-    ``config=None`` builds ``MeshConfig()`` at call time, so gin bindings apply.
+    ``config=None``: the default ``MeshConfig()`` (all devices on ``data``).
     ``devices=None``: the :func:`target_devices` in effect, else ``jax.devices()``.
     """
     config = MeshConfig() if config is None else config

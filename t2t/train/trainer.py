@@ -15,7 +15,6 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import flax
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,7 +39,6 @@ class TrainState:
     opt_state: Any
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """How long, how often, where."""

@@ -4,7 +4,7 @@ import pathlib
 import pytest
 
 from t2t.ablations import grid as grid_lib
-from t2t.gin_utils import CONFIG_DIR
+from t2t.run.gin_utils import CONFIG_DIR
 
 AXES = {"Objective": {"Denoising": {"pretrain": ["OBJECTIVE = 'a'"]}, "LM": ["X = 1"]},
         "Architecture": {"Encoder-decoder": [], "Enc-dec, 6 layers": {
@@ -83,9 +83,9 @@ def test_t5_table2_has_the_papers_ten_rows():
 def test_every_tiny_cell_builds_its_pretraining_run_and_first_batch(path, tmp_path):
     """Task names, objectives, converters and lengths of every cell fit together (nothing
     is compiled: the paper-scale test and tests/ablations/test_runner.py train)."""
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     from t2t.ablations import runner
-    from t2t.train import experiment
+    from t2t.run import experiment
     grid = grid_lib.load_grid(path, "tiny")
     for cell in grid.cells:
         files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)
@@ -103,9 +103,9 @@ def test_tiny_denoising_rows_hold_their_targets(path):
     """Each row's target length keeps >= 99% of its objective's targets whole on real
     chapters (and every input), so corruption rate and span length are what differ."""
     import numpy as np
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     from t2t.ablations import runner
-    from t2t.train import experiment
+    from t2t.run import experiment
     grid = grid_lib.load_grid(path, "tiny")
     for cell in grid.cells:
         files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)

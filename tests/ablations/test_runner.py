@@ -60,7 +60,8 @@ def test_every_cell_ran_every_stage(ran):
 
 
 def test_finished_stages_are_cached_and_a_lost_one_reruns_alone(ran, monkeypatch):
-    from t2t.train import finetune as finetune_lib, trainer as trainer_lib
+    from t2t.train import trainer as trainer_lib
+    from t2t.run import finetune as finetune_lib
     grid, out, _ = ran
     real_fit = finetune_lib.fit
 
@@ -109,7 +110,8 @@ def test_a_stage_reruns_when_its_configuration_changed(tmp_path):
 def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monkeypatch):
     """A second grid whose cell pretrains and fine-tunes exactly as a finished one (T5
     Tables 5-7's baseline is Table 2's) copies both stages; a different cell trains."""
-    from t2t.train import finetune as finetune_lib, trainer as trainer_lib
+    from t2t.train import trainer as trainer_lib
+    from t2t.run import finetune as finetune_lib
     _, out, _ = ran
     path = tmp_path / "micro2.gin"
     path.write_text(GRID.replace("'micro'", "'micro2'").replace(

@@ -65,7 +65,7 @@ def test_registry_round_trip():
 def test_vocabulary_is_lazy():
     # Importing trains nothing: checked in a fresh process, as other tests in this worker
     # may already have built the vocabulary.
-    code = ("import t2t.train.finetune, t2t.data.tasks as T; "
+    code = ("import t2t.run.finetune, t2t.data.tasks as T; "
             "assert T.bible_sentencepiece.cache_info().currsize == 0")
     subprocess.run([sys.executable, "-c", code], check=True)
     calls = []

@@ -87,7 +87,8 @@ def test_loss_is_mlm_plus_50_rtd_and_no_rtd_gradient_reaches_the_generator():
 
 @pytest.mark.parametrize("size, counts", [("small", 13_549_057), ("base", 109_483_009)])
 def test_published_sizes(size, counts):
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     from t2t.models.families import count_params
     gin_utils.parse([f"models/electra/{size}.gin"])
-    assert count_params("electra", TransformerConfig()) == counts   # paper: 14M, 110M
+    from t2t.run.configurables import TransformerConfig as configured_config
+    assert count_params("electra", configured_config()) == counts   # paper: 14M, 110M

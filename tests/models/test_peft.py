@@ -7,11 +7,11 @@ import numpy as np
 import optax
 import pytest
 
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.models import classifiers as C
 from t2t.models import peft
 from t2t.models.gpt import DecoderOnlyModel
-from t2t.nn.config import TransformerConfig
+from t2t.run import configurables as configured
 from t2t.nn.stacks import Decoder
 
 from tests.models.test_classifiers import (BERT, GPT, bert_batch, bert_trunk, jit,
@@ -115,7 +115,7 @@ def test_optimizer_state_bytes_bert_base_full_vs_lora(capsys):
     """Measured with jax.eval_shape (nothing allocated): AdamW on BERT-base + a 2-class head,
     full fine-tuning vs LoRA r=8 on query/value (+ the head)."""
     gin_utils.parse(["models/bert/base.gin"])
-    config = TransformerConfig()
+    config = configured.TransformerConfig()
     batch = bert_batch(np.ones((1, 128), np.int32), label=np.zeros(1, np.int32))
     full = jax.eval_shape(C.SequenceClassifier(config, 2).init, jax.random.PRNGKey(0), batch)
     full = nn.unbox(full)

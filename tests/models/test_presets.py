@@ -1,9 +1,9 @@
 """Preset gin configs build the published architectures (parameter counts)."""
 import pytest
 
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.models.families import count_params
-from t2t.nn.config import TransformerConfig
+from t2t.run.configurables import TransformerConfig
 
 
 def params_of(gin_file):

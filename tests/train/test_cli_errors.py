@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from t2t import errors, gin_utils, platforms
+from t2t import errors, platforms
+from t2t.run import gin_utils
 from t2t.cli import ERROR_LOG, main, read_input_lines
 from t2t.train import checkpoints
 

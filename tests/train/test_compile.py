@@ -13,8 +13,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from t2t import cli
-from t2t.train import aot, chips, flops
+from t2t.train import chips, flops
 
+from t2t.run import aot
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu not installed (pip install -e '.[test]')")
 HARDWARE = sorted(p.stem for p in (Path(cli.__file__).parent.parent / "configs" / "hardware")

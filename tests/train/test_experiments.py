@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.cli import main
-from t2t.train import experiment
+from t2t.run import experiment
 
 TEST_MODEL = {"t5": "models/t5/1_1/test.gin", "bert": "models/bert/test.gin",
               "gpt": "models/gpt2/test.gin"}

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.cli import main
-from t2t.train import finetune
+from t2t.run import finetune
 from t2t.train.trainer import fit
 
 T5_TEST = "models/t5/1_1/test.gin"
@@ -181,7 +181,7 @@ def test_bert_classifier_from_hugging_face_dir(tmp_path):
     from t2t.convert import hf
     from t2t.data.tasks import bible_wordpiece
     from t2t.models.families import make_module
-    from t2t.nn.config import TransformerConfig
+    from t2t.run.configurables import TransformerConfig
     gin_utils.parse(["models/bert/test.gin"], [])
     vocab = bible_wordpiece()
     config = TransformerConfig().replace(vocab_size=vocab.vocab_size)
@@ -226,8 +226,8 @@ def test_operative_config_does_not_depend_on_what_was_imported_before(tmp_path):
     (a configurable called at import, after the first parse, used to enter only the first;
     `t2t ablate` fingerprints stages by this config)."""
     code = f"""
-from t2t import gin_utils
-from t2t.train import experiment, finetune
+from t2t.run import gin_utils
+from t2t.run import experiment, finetune
 
 def config():
     gin_utils.parse(["runs/finetune_bert.gin", "hardware/cpu.gin",

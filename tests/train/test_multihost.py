@@ -19,9 +19,10 @@ ARGS = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/te
 REFERENCE = """
 import sys
 import numpy as np
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.cli import _gin_args
-from t2t.train import experiment, trainer
+from t2t.train import trainer
+from t2t.run import experiment
 bindings, _ = _gin_args(sys.argv[1:])
 gin_utils.parse([a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--gin_file=")],
                 bindings)

@@ -40,6 +40,7 @@ def test_make_schedule_and_optimizer_factories():
         opt.make_schedule("nope")
     with pytest.raises(ValueError, match="unknown optimizer 'sgdx'.*adafactor_t5"):
         opt.make_optimizer("sgdx", 0.1)
+    from t2t.run import configurables   # registers make_optimizer and make_schedule with gin
     gin.parse_config("""
         make_optimizer.name = 'adamw_bert'
         make_optimizer.learning_rate = @make_schedule()
@@ -48,7 +49,7 @@ def test_make_schedule_and_optimizer_factories():
         make_schedule.learning_rate = 0.1
     """)
     try:
-        tx = opt.make_optimizer()
+        tx = configurables.make_optimizer()
     finally:
         gin.clear_config()
     p = {"w": jnp.ones(3)}

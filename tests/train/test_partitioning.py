@@ -58,12 +58,14 @@ def test_make_mesh_shapes(cfg, expected):
 
 
 def test_make_mesh_gin_binding():
+    from t2t.run import configurables
     gin.parse_config("MeshConfig.data = 4\nMeshConfig.tensor = 2")
     try:
-        assert _shape(pt.make_mesh()) == (4, 1, 2)
+        assert _shape(configurables.make_mesh()) == (4, 1, 2)
+        assert _shape(pt.make_mesh()) == (8, 1, 1)     # the library ignores gin
     finally:
         gin.clear_config()
-    assert _shape(pt.make_mesh()) == (8, 1, 1)
+    assert _shape(configurables.make_mesh()) == (8, 1, 1)
 
 
 def test_make_mesh_subset_of_devices():

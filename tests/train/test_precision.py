@@ -6,11 +6,12 @@ import gin
 import jax
 import pytest
 
-from t2t import gin_utils
+from t2t.run import gin_utils
 from t2t.errors import ConfigError
 from t2t.nn.config import TransformerConfig
+from t2t.run import configurables as configured
 from t2t import precision
-from t2t.train import experiment
+from t2t.run import experiment
 
 # /proc/cpuinfo excerpts (flags cut down to the ones that matter plus neighbours).
 AVX2_ONLY = """processor\t: 0
@@ -124,7 +125,7 @@ def test_operative_config_says_what_auto_became(host, text, dtype):
     """hardware/cpu.gin asks for 'auto'; config.gin keeps 'auto' and adds what it meant."""
     host(text)
     gin_utils.parse(["hardware/cpu.gin"], [])
-    cfg = TransformerConfig()
+    cfg = configured.TransformerConfig()
     assert cfg.dtype == dtype
     exp = types.SimpleNamespace(trainer=types.SimpleNamespace(
         model=types.SimpleNamespace(config=cfg)))
@@ -133,5 +134,5 @@ def test_operative_config_says_what_auto_became(host, text, dtype):
     assert f"# TransformerConfig.dtype 'auto' resolved to '{dtype}' on this host: " in text
     gin.clear_config()
     gin_utils.parse([], ["TransformerConfig.dtype = 'float32'"])
-    exp.trainer.model.config = TransformerConfig()
+    exp.trainer.model.config = configured.TransformerConfig()
     assert "resolved to" not in experiment.operative_config(exp)

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from etils import epath
 
-from t2t import gin_utils, storage
+from t2t import storage
+from t2t.run import gin_utils
 from t2t.errors import UserError
-from t2t.train import evaluator, experiment, finetune
+from t2t.train import evaluator
+from t2t.run import experiment, finetune
 from t2t.train.checkpoints import Checkpointer
 from t2t.train.metrics_log import read_metrics, read_tensorboard_scalars
 from tests.train.gcs_emulator import emulated_gcs

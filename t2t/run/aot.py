@@ -39,7 +39,7 @@ UNREAD_MACROS = {"MODEL_DIR": "'/nonexistent/t2t-compile-writes-nothing'",
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     """`t2t train`'s gin parsing and checks, except that MODEL_DIR and INITIAL_CHECKPOINT
     may stay unset (a compile reads and writes neither)."""
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     gin_utils.parse(gin_files, bindings)
     defined, _ = gin_utils.macros(gin.config_str())
     unset = [f"{name} = {value}" for name, value in UNREAD_MACROS.items()
@@ -174,8 +174,8 @@ def build(step: str):
     """(trainer, global example batch as numpy zeros) of the gin-configured experiment;
     call inside `partitioning.target_devices`. Reads no training data where the
     experiment has a feature converter (the batch is the converter's empty rows)."""
-    from t2t.train import experiment as experiment_lib
-    from t2t.train import finetune
+    from t2t.run import experiment as experiment_lib
+    from t2t.run import finetune
     exp = finetune.finetune_experiment() if step == "finetune" else experiment_lib.experiment()
     if exp.converter is not None:
         batch = exp.converter([], num_rows=exp.batch_size)
@@ -386,7 +386,7 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
 def target_from_config(topology: Optional[str], num_slices: Optional[int]
                        ) -> Tuple[str, int]:
     """--topology / --num_slices, else the hardware config's TPU_TOPOLOGY / TPU_NUM_SLICES."""
-    from t2t import gin_utils
+    from t2t.run import gin_utils
     topology = topology or gin_utils.query_macro("TPU_TOPOLOGY")
     if not topology:
         raise TopologyError("no --topology given and the config names no TPU_TOPOLOGY: "
@@ -426,7 +426,8 @@ def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Repo
 
 def _check_slices(num_slices: int, where: str) -> None:
     """Several slices: the mesh must span them over DCN (MeshConfig.dcn_*)."""
-    cfg = partitioning.MeshConfig()
+    from t2t.run.configurables import MeshConfig
+    cfg = MeshConfig()
     dcn = math.prod(cfg.dcn_shape)
     if dcn != num_slices:
         raise TopologyError(f"{where}: MeshConfig.dcn_data x dcn_fsdp x dcn_tensor = {dcn} "

@@ -19,12 +19,12 @@ import t2t.data.paper  # noqa: F401  registers the C4 and benchmark tasks
 from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
-from t2t.models.base import LossConfig
 from t2t.models.families import make_model
-from t2t.nn.config import TransformerConfig
 from t2t import precision
-from t2t.train import curves, optimizers, partitioning
+from t2t.run import configurables as configured
+from t2t.train import curves
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
+from t2t.run.configurables import configurable
 
 _log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Experiment:
                                       process_index=process_index, process_count=process_count)
 
 
-@gin.configurable
+@configurable
 def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                family: str = gin.REQUIRED, task: Optional[str] = None,
                corpus: Optional[str] = None, objective: Optional[str] = None,
@@ -100,20 +100,21 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
     `vocab_size_from_task=False` keeps TransformerConfig.vocab_size, which must then cover
     the task vocabulary's ids, and never loads that vocabulary (`t2t compile` of a paper
     model whose vocabulary file is not on this machine)."""
-    train_cfg = TrainConfig()
+    train_cfg = configured.TrainConfig()
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
     vocab = first_task.vocabulary if vocab_size_from_task else None
-    model_cfg = TransformerConfig()
+    model_cfg = configured.TransformerConfig()
     if vocab is not None and model_cfg.vocab_size != vocab.padded_vocab_size:
         _log.info("vocab_size %d -> %d (the task's vocabulary, padded to 128)",
                   model_cfg.vocab_size, vocab.padded_vocab_size)
         model_cfg = model_cfg.replace(vocab_size=vocab.padded_vocab_size)
     teacher = None
     if family == "distill":
-        from t2t.train.finetune import distill_teacher   # finetune imports this module
+        from t2t.run.finetune import distill_teacher   # finetune imports this module
         teacher = distill_teacher()
-    model = make_model(family, model_cfg, LossConfig(), teacher=teacher)
+    model = make_model(family, model_cfg, configured.LossConfig(), teacher=teacher,
+                       classes=configured.MODEL_CLASSES)
 
     converter_name = converter or default_converter(family, objective)
     if converter_name not in CONVERTERS:
@@ -138,16 +139,16 @@ def make_trainer(model, train_cfg: TrainConfig, trainer_cls: type = Trainer,
                  **schedule_overrides) -> Trainer:
     """A `trainer_cls` for `model` with the gin-bound schedule and optimizer on the
     gin-bound mesh; `schedule_overrides` (e.g. total_steps) beat the schedule's bindings."""
-    lr = optimizers.make_schedule(**schedule_overrides)
-    tx = optimizers.make_optimizer(learning_rate=lr)
-    return trainer_cls(model, tx, partitioning.make_mesh(), train_cfg, schedule=lr)
+    lr = configured.make_schedule(**schedule_overrides)
+    tx = configured.make_optimizer(learning_rate=lr)
+    return trainer_cls(model, tx, configured.make_mesh(), train_cfg, schedule=lr)
 
 
 def operative_config(exp: Experiment) -> str:
     """The operative gin config (every value the run uses, defaults included), noting a
     vocab size the task's vocabulary replaced."""
     config_str = gin.operative_config_str()
-    model_cfg, bound = exp.trainer.model.config, TransformerConfig()
+    model_cfg, bound = exp.trainer.model.config, configured.TransformerConfig()
     if model_cfg.vocab_size != bound.vocab_size:
         config_str += (f"\n# TransformerConfig.vocab_size {bound.vocab_size} was replaced by "
                        f"{model_cfg.vocab_size}: the task vocabulary's padded size.\n")

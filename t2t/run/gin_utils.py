@@ -5,52 +5,49 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
+import importlib.abc
+import importlib.machinery
 import inspect
 import logging
 import pathlib
 import re
+import sys
 from typing import Optional, Sequence
 
 import gin
 
 from t2t.errors import ConfigError
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"   # shipped in the package
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"   # shipped in t2t
 
 
 def register_configurables() -> None:
-    """Import every module with gin configurables, so bindings to them parse, and every
-    module that calls one at import (default arguments such as `LossConfig(z_loss=0.0)`):
-    imported later, after a parse, such a call would enter the operative config, which then
-    depends on what the process imported before (and `t2t ablate`'s stage fingerprints
-    with it)."""
-    import t2t.models.base  # noqa: F401
-    import t2t.models.classifiers  # noqa: F401
-    import t2t.nn.config  # noqa: F401
-    import t2t.train.experiment  # noqa: F401
-    import t2t.train.finetune  # noqa: F401
-    import t2t.train.optimizers  # noqa: F401
-    import t2t.train.partitioning  # noqa: F401
-    import t2t.train.trainer  # noqa: F401
+    """Import the run layer, which registers every configurable a gin file may bind."""
+    import t2t.run.experiment  # noqa: F401
+    import t2t.run.finetune  # noqa: F401  (imports configurables and user_data too)
 
 
-def _tolerate_namespace_packages() -> None:
+class _NoNamespacePackages(importlib.abc.MetaPathFinder):
     """gin also looks for an include such as 'runs/finetune.gin' inside an importable
-    package `runs`; a plain `runs/` directory in the working directory (a MODEL_DIR parent)
-    is a namespace package without a file, and gin's check crashes on it (TypeError) instead
-    of answering "not there". Make that check answer False."""
-    from gin import resource_reader
+    package `runs`; a plain `runs/` directory on the Python path (a MODEL_DIR parent) is a
+    namespace package without a file, on which gin's check crashes (TypeError) instead of
+    answering "not there". While parsing, such a directory is not a package."""
 
-    def exists(path: str) -> bool:
-        try:
-            return resource_reader.system_path_file_exists(path)
-        except TypeError:
-            return False
+    def find_spec(self, name, path=None, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.origin is None and spec.submodule_search_locations:
+            raise ModuleNotFoundError(f"{name} is a namespace package", name=name)
+        return None   # let the usual finders answer
 
-    readers = gin.config._FILE_READERS
-    for i, (reader, check) in enumerate(readers):
-        if check is resource_reader.system_path_file_exists:
-            readers[i] = (reader, exists)
+
+@contextlib.contextmanager
+def _without_namespace_packages():
+    finder = _NoNamespacePackages()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
@@ -61,13 +58,12 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
     gin's file and line plus the nearest valid names.
     """
     register_configurables()
-    _tolerate_namespace_packages()
     if clear:
         gin.clear_config()
     for path in (CONFIG_DIR, pathlib.Path.cwd()):
         gin.add_config_file_search_path(str(path))
     try:
-        with _quiet_search():
+        with _quiet_search(), _without_namespace_packages():
             gin.parse_config_files_and_bindings([_resolve(f) for f in gin_files],
                                                 list(bindings), finalize_config=False)
     except ValueError as e:
@@ -79,14 +75,14 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
 
 def _suggest(message: str) -> Optional[str]:
     """'Did you mean ...' for gin's unknown-configurable and unknown-parameter errors."""
+    from t2t.run.configurables import REGISTERED
     m = re.search(r"No configurable matching '([^']+)'", message)
     if m:
-        names = sorted({sel.split(".")[-1] for sel, _ in gin.config._REGISTRY.items()})
-        close = difflib.get_close_matches(m.group(1).split(".")[-1], names, n=3)
+        close = difflib.get_close_matches(m.group(1).split(".")[-1], sorted(REGISTERED), n=3)
         return f"Did you mean: {', '.join(close)}?" if close else None
     m = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
-    if m:
-        fn = gin.config._REGISTRY.get_match(m.group(1)).wrapped
+    if m and m.group(1).split(".")[-1] in REGISTERED:
+        fn = REGISTERED[m.group(1).split(".")[-1]]
         params = list(inspect.signature(fn).parameters)
         close = difflib.get_close_matches(m.group(2), params, n=3)
         valid = f"Valid parameters: {', '.join(params)}."

