@@ -55,16 +55,16 @@ def shift_to_keys(scores: jax.Array, k_len: int) -> jax.Array:
     """Position scores per table row -> per key.  [b, n, q, R] -> [b, n, q, k_len].
 
     Row r of the table holds distance k_len - r (`relative_distances`); key j seen from
-    query i (absolute position mlen + i = i + k_len - q_len) is at distance
-    mlen + i - j, i.e. row q_len - i + j. Rows past the table (only future keys in "uni"
-    mode, which the causal mask hides) are clipped to its last row.
+    query i (absolute position mlen + i = i + k_len - q_len) is at distance mlen + i - j,
+    i.e. row q_len - i + j: out[i, j] = scores[i, q_len - i + j]. Flattened, that is element
+    i·R + q_len - i + j = q_len + i·(R - 1) + j, so dropping the first q_len elements and
+    reading rows of R - 1 lines every query up with its keys (slices, no gather). Where the
+    row would pass the table (future keys in "uni" mode, hidden by the causal mask) the
+    value is another row's and unused.
     """
-    q_len, rows = scores.shape[-2], scores.shape[-1]
-    i = jnp.arange(q_len)[:, None]
-    j = jnp.arange(k_len)[None, :]
-    index = jnp.minimum(q_len - i + j, rows - 1)                      # [q, k]
-    index = jnp.broadcast_to(index, scores.shape[:-1] + (k_len,))
-    return jnp.take_along_axis(scores, index, axis=-1)
+    *lead, q_len, rows = scores.shape
+    flat = scores.reshape(*lead, q_len * rows)[..., q_len:]
+    return flat.reshape(*lead, q_len, rows - 1)[..., :k_len]
 
 
 class RelativeAttention(nn.Module):
