@@ -58,10 +58,19 @@ class ElectraDiscriminator(nn.Module):
 
 def generator_config(config: TransformerConfig, size: float) -> TransformerConfig:
     """The generator: the discriminator with hidden, feed-forward and head counts scaled by
-    `size` (the paper's 1/4 small and large, 1/3 base), reading the same width-E embeddings."""
-    return config.replace(d_model=max(1, round(config.d_model * size)),
-                          d_ff=max(1, round(config.d_ff * size)),
-                          num_heads=max(1, round(config.num_heads * size)),
+    `size` (the paper's 1/4 small and large, 1/3 base), reading the same width-E embeddings.
+
+    Its heads split its width exactly (heads x head_dim = d_model, BERT's convention, which
+    the authors' `get_generator_config` inherits and HF's ElectraConfig requires): at the
+    published sizes that keeps head_dim 64; a narrow generator (tiny: 32 wide, one head)
+    gets narrower heads rather than a 64-wide attention inside a 32-wide model.
+    """
+    d_model = max(1, round(config.d_model * size))
+    heads = min(d_model, max(1, round(config.num_heads * size)))
+    while d_model % heads:
+        heads -= 1
+    return config.replace(d_model=d_model, d_ff=max(1, round(config.d_ff * size)),
+                          num_heads=heads, head_dim=d_model // heads,
                           embedding_dim=config.embedding_dim or config.d_model,
                           project_summed_embeddings=True)
 

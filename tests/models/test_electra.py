@@ -92,3 +92,16 @@ def test_published_sizes(size, counts):
     gin_utils.parse([f"models/electra/{size}.gin"])
     from t2t.run.configurables import TransformerConfig as configured_config
     assert count_params("electra", configured_config()) == counts   # paper: 14M, 110M
+
+
+@pytest.mark.parametrize("d, heads, d_ff, size, want", [
+    (128, 2, 512, 0.25, (32, 1, 32, 128)),          # tiny: one head as wide as the model
+    (256, 4, 1024, 0.25, (64, 1, 64, 256)),         # small (Clark et al. Table 6: 1/4)
+    (768, 12, 3072, 1 / 3, (256, 4, 64, 1024)),     # base (1/3)
+    (1024, 16, 4096, 0.25, (256, 4, 64, 1024)),     # large (1/4)
+])
+def test_generator_heads_split_its_width(d, heads, d_ff, size, want):
+    """As the authors' get_generator_config (and HF's ElectraConfig): heads x head_dim is
+    the generator's hidden size."""
+    g = generator_config(CFG.replace(d_model=d, num_heads=heads, head_dim=64, d_ff=d_ff), size)
+    assert (g.d_model, g.num_heads, g.head_dim, g.d_ff) == want
