@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from t2t.models import decoding, losses
-from t2t.nn import moe
+from t2t.nn import moe, universal
 from t2t.nn.config import TransformerConfig
 
 Batch = Mapping[str, jax.Array]
@@ -62,12 +62,20 @@ class Model:
 
     def apply_with_router_losses(self, params, batch: Batch, rng: Optional[jax.Array] = None
                                  ) -> Tuple[Any, jax.Array, Metrics]:
-        """(`apply`'s output, MoE router losses to add to the loss, their metrics); the
-        losses are 0 and the metrics empty for a model without experts."""
-        if not self.config.moe_num_experts:
+        """(`apply`'s output, MoE router losses and the Universal Transformer's ponder cost
+        to add to the loss, their metrics); the losses are 0 and the metrics empty for a
+        model with neither experts nor adaptive computation time."""
+        cfg = self.config
+        collections = [name for name, on in (
+            (moe.MOE_COLLECTION, cfg.moe_num_experts),
+            (universal.PONDER_COLLECTION, cfg.universal_steps and cfg.universal_act)) if on]
+        if not collections:
             return self.apply(params, batch, rng), jnp.zeros((), jnp.float32), {}
-        out, state = self.apply(params, batch, rng, mutable=[moe.MOE_COLLECTION])
-        return (out, *moe.router_losses(self.config, state.get(moe.MOE_COLLECTION, {})))
+        out, state = self.apply(params, batch, rng, mutable=collections)
+        router, router_metrics = moe.router_losses(cfg, state.get(moe.MOE_COLLECTION, {}))
+        ponder, ponder_metrics = universal.ponder_loss(cfg, state.get(universal.PONDER_COLLECTION,
+                                                                      {}))
+        return out, router + ponder, {**router_metrics, **ponder_metrics}
 
     def token_loss(self, logits, targets, weights) -> Tuple[jax.Array, Metrics]:
         loss, z_loss, weight_sum = losses.cross_entropy_with_logits(

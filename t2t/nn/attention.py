@@ -11,6 +11,8 @@ from jax import lax
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.position import apply_rotary
+from t2t.nn.residual import fixup_bias, fixup_init
+from t2t.nn.synthesizer import SyntheticLogits, mix_logits, uses_dot_product
 
 BIG_NEG = -1e10  # masked logits; finite so fully-masked (padding) rows stay NaN-free
 
@@ -70,6 +72,15 @@ def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_r
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
+    return attend(logits, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                  deterministic=deterministic, dtype=dtype)
+
+
+def attend(logits, v, mask, *, dropout_rate, dropout_rng, deterministic, dtype):
+    """Softmax(logits, masked) · v: logits [batch, heads, q_len, k_len] (float32), v [batch,
+    k_len, heads, head_dim] -> [batch, q_len, heads, head_dim]; attention dropout on the
+    weights. Dot-product attention and the synthesizer (t2t/nn/synthesizer.py) share it."""
+    logits = logits.astype(jnp.float32)
     if mask is not None:
         logits = jnp.where(mask, logits, BIG_NEG)
     weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
@@ -93,6 +104,7 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True
     decode: bool = False
     use_prefix: bool = False   # prefix tuning: `config.prefix_length` learned key/value slots
+    synthetic: bool = False    # `config.synthesizer` logits (self-attention; synthesizer.py)
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -109,7 +121,8 @@ class MultiHeadAttention(nn.Module):
             return Dense(head_shape, qkv_axes, use_bias=cfg.use_bias, dtype=dtype,
                          param_dtype=cfg.params_dtype, kernel_init=init, name=name)
 
-        base_init = kernel_init(cfg, in_axis=0, out_axis=(1, 2), distribution="normal")
+        base_init = fixup_init(cfg, kernel_init(cfg, in_axis=0, out_axis=(1, 2),
+                                                distribution="normal"), last=False)
         if cfg.attention_scale == "folded":   # T5: 1/sqrt(head_dim) lives in the query init
             def q_init(*args):
                 return base_init(*args) / jnp.sqrt(cfg.head_dim).astype(args[-1])
@@ -117,31 +130,47 @@ class MultiHeadAttention(nn.Module):
         else:
             q_init = base_init
             scale = cfg.head_dim ** -0.5
-        q = proj("query", q_init)(inputs_q)            # [b, q, h, d]
-        k = proj("key", base_init)(inputs_kv)          # [b, k, h, d]
-        v = proj("value", base_init)(inputs_kv)
-        if cfg.position_embedding == "rotary" and q_positions is not None:
+        synthetic = self.synthetic and cfg.synthesizer != "none"
+        dot = not synthetic or uses_dot_product(cfg)   # plain synthesizers: no q, k
+        v = proj("value", base_init)(inputs_kv)        # [b, k, h, d]
+        q = k = None
+        if dot:
+            q = proj("query", q_init)(inputs_q)        # [b, q, h, d]
+            k = proj("key", base_init)(inputs_kv)      # [b, k, h, d]
+        if dot and cfg.position_embedding == "rotary" and q_positions is not None:
             q = apply_rotary(q, q_positions, cfg.rotary_base)
             k = apply_rotary(k, k_positions if k_positions is not None else q_positions,
                              cfg.rotary_base)
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
+        if dot:
+            q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+            k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
 
-        if self.decode:
-            k, v = self._update_cache(k, v, decode_index)
+        stepping = self.decode and self.has_variable("cache", "cached_key")
+        if self.decode:                                # plain synthesizers cache v twice
+            k, v = self._update_cache(v if k is None else k, v, decode_index)
         if self.use_prefix and cfg.prefix_length:
             k, v, mask, bias = self._prepend_prefix(k, v, mask, bias)
 
         dropout_rng = None
         if not self.deterministic and cfg.attn_dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
-        out = dot_product_attention(q, k, v, mask, bias, scale=scale,
-                                    dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng,
-                                    deterministic=self.deterministic, dtype=dtype,
-                                    fused=cfg.use_fused_attention)
+        drop = dict(dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng,
+                    deterministic=self.deterministic, dtype=dtype)
+        if synthetic:                                  # [b, h, q, k] from the query tokens
+            logits = SyntheticLogits(cfg, name="synthesizer")(
+                inputs_q, v.shape[1], decode_index if stepping else 0)
+            if dot:
+                q, bias = mix_logits(self, logits, q, bias)
+        if synthetic and not dot:
+            out = attend(logits, v, mask, **drop)
+        else:
+            out = dot_product_attention(q, k, v, mask, bias, scale=scale,
+                                        fused=cfg.use_fused_attention, **drop)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        out_init = kernel_init(cfg, in_axis=(0, 1), out_axis=2, distribution="normal")
+        out = fixup_bias(self, "fixup_bias_out", out)  # Fixup: a scalar bias before `out`
+        out_init = fixup_init(cfg, kernel_init(cfg, in_axis=(0, 1), out_axis=2,
+                                               distribution="normal"), last=True)
         return Dense(cfg.d_model, ("heads", "kv", "embed"), contract=2, use_bias=cfg.use_bias,
                      dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
                      name="out")(out)

@@ -2,6 +2,7 @@
 
 Pre-LN (T5, GPT-2):  x + Drop(Sub(Norm(x)))
 Post-LN (BERT):      Norm(x + Drop(Sub(x)))
+`config.residual_scaling` gates the branch (ReZero's alpha, Fixup's scalars: t2t/nn/residual.py).
 With `config.adapter_size`, Houlsby adapters wrap the self-attention's and the feed-forward's
 Drop(Sub(.)) (adapter-bert's placement: after the dropout, before the residual sum).
 """
@@ -18,6 +19,7 @@ from t2t.nn.config import TransformerConfig
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.moe import MoeBlock
 from t2t.nn.norms import make_norm
+from t2t.nn.residual import ResidualGate
 
 
 class TransformerLayer(nn.Module):
@@ -37,9 +39,11 @@ class TransformerLayer(nn.Module):
 
     def setup(self):
         cfg = self.config
-        attn = lambda name, decode, prefix=False: MultiHeadAttention(  # noqa: E731
-            cfg, deterministic=self.deterministic, decode=decode, use_prefix=prefix, name=name)
-        self.self_attention = attn("self_attention", self.decode, True)
+        attn = lambda name, decode, prefix=False, **kw: MultiHeadAttention(  # noqa: E731
+            cfg, deterministic=self.deterministic, decode=decode, use_prefix=prefix, name=name,
+            **kw)
+        self.self_attention = attn("self_attention", self.decode, True,
+                                   synthetic=cfg.synthesizer != "none")
         self.cross_attention = attn("cross_attention", False)
         ffn = MoeBlock if self.moe else MlpBlock
         self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")
@@ -47,18 +51,25 @@ class TransformerLayer(nn.Module):
         self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
         self.mlp_norm = make_norm(cfg, "mlp_norm")
         self.dropout = nn.Dropout(cfg.dropout_rate)
+        gate = lambda name: (ResidualGate(cfg, name=name)  # noqa: E731  ReZero / Fixup
+                             if cfg.residual_scaling != "none" else None)
+        self.self_attention_gate = gate("self_attention_gate")
+        self.cross_attention_gate = gate("cross_attention_gate")
+        self.mlp_gate = gate("mlp_gate")
         if cfg.adapter_size:
             self.attention_adapter = Adapter(cfg, name="attention_adapter")
             self.mlp_adapter = Adapter(cfg, name="mlp_adapter")
 
-    def _sublayer(self, x, norm, fn, adapter=None):
+    def _sublayer(self, x, norm, fn, adapter=None, gate=None):
         def out(h):
             y = self.dropout(fn(h), deterministic=self.deterministic)
             return y if adapter is None else adapter(y)
 
+        if gate is None:                  # residual_scaling: the branch joins as it is
+            gate = lambda h, branch: branch(h)  # noqa: E731
         if self.config.pre_norm:
-            return x + out(norm(x))
-        return norm(x + out(x))
+            return x + gate(x, lambda h: out(norm(h)))
+        return norm(x + gate(x, out))
 
     def __call__(self, x: jax.Array, encoded: Optional[jax.Array] = None,
                  self_mask=None, self_bias=None, cross_mask=None,
@@ -66,11 +77,13 @@ class TransformerLayer(nn.Module):
         adapt = self.config.adapter_size > 0
         x = self._sublayer(x, self.self_attention_norm, lambda h: self.self_attention(
             h, h, self_mask, self_bias, positions, positions, decode_index),
-            self.attention_adapter if adapt else None)
+            self.attention_adapter if adapt else None, self.self_attention_gate)
         if encoded is not None:
             x = self._sublayer(x, self.cross_attention_norm,
-                               lambda h: self.cross_attention(h, encoded, cross_mask))
-        x = self._sublayer(x, self.mlp_norm, self.mlp, self.mlp_adapter if adapt else None)
+                               lambda h: self.cross_attention(h, encoded, cross_mask),
+                               gate=self.cross_attention_gate)
+        x = self._sublayer(x, self.mlp_norm, self.mlp, self.mlp_adapter if adapt else None,
+                           self.mlp_gate)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         self.sow("intermediates", "hidden_states", x)
         return (x, None) if self.scanned else x

@@ -8,12 +8,15 @@ import jax.numpy as jnp
 
 from t2t.errors import ConfigError
 
-NORM_TYPES = ("layer", "rms")
+NORM_TYPES = ("layer", "rms", "none")
 POSITION_TYPES = ("learned", "sinusoidal", "relative", "rotary", "none")
 ATTENTION_SCALES = ("sqrt", "folded")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 KERNEL_INITS = ("variance_scaling", "normal")
 DTYPES = ("float32", "bfloat16", "auto")
+RESIDUAL_SCALINGS = ("none", "rezero", "fixup")
+SYNTHESIZERS = ("none", "dense", "dense_plus", "dense_plus_alpha", "factorized", "random",
+                "random_plus", "random_plus_alpha")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +39,7 @@ class TransformerConfig:
     # t5x: ("gelu_tanh", "linear") is GeGLU (T5.1.1), ("silu", "linear") is SwiGLU.
     mlp_activations: Sequence[str] = ("gelu_tanh", "linear")
 
-    norm_type: str = "rms"            # "layer" (BERT, GPT-2) or "rms" (T5)
+    norm_type: str = "rms"            # "layer" (BERT, GPT-2), "rms" (T5) or "none" (ReZero, Fixup)
     norm_eps: float = 1e-6            # BERT 1e-12, GPT-2 1e-5, T5 1e-6
     pre_norm: bool = True             # pre-LN (T5, GPT-2) vs post-LN (BERT)
     use_bias: bool = False            # biases on dense layers (BERT, GPT-2)
@@ -99,6 +102,22 @@ class TransformerConfig:
     moe_load_balancing_weight: float = 0.01  # Switch eq. 4's alpha
     moe_router_z_loss_weight: float = 0.001  # ST-MoE's c_z
 
+    # Narang et al. 2021 ("Do Transformer Modifications Transfer?"): residuals, synthetic
+    # attention, recurrence, low-rank attention.
+    residual_scaling: str = "none"    # "rezero" (alpha F(x), alpha=0 at init) | "fixup" (its
+    #   init, scalar multipliers and biases; norm_type="none"): t2t/nn/residual.py
+    synthesizer: str = "none"         # self-attention from synthetic logits (Tay et al. 2020):
+    #   dense | dense_plus | dense_plus_alpha | factorized | random | random_plus |
+    #   random_plus_alpha (t2t/nn/synthesizer.py); "none" = dot-product attention
+    synthesizer_length: int = 0       # ℓ of the dense/random logits (longest self-attention
+    #   length); 0 = max_length
+    synthesizer_rank: int = 8         # k of the factorized random synthesizer R1·R2ᵀ
+    universal_steps: int = 0          # Universal Transformer (Dehghani et al. 2019): one shared
+    #   layer per stack applied this many times (t2t/nn/universal.py); 0 = a plain stack
+    universal_act: bool = False       # adaptive computation time (halting per position)
+    universal_act_threshold: float = 0.99  # halt once the summed probability passes this
+    universal_ponder_weight: float = 0.01  # ponder cost's weight in the loss
+
     def __post_init__(self):
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_choice("position_embedding", self.position_embedding, POSITION_TYPES)
@@ -122,6 +141,21 @@ class TransformerConfig:
         if self.moe_num_experts:
             from t2t.nn.moe import check_moe_config   # the checks live beside the layer
             check_moe_config(self)
+        self._check_part_a_options()
+
+    def _check_part_a_options(self) -> None:
+        """Residual scaling, synthesizer, Universal Transformer and Linformer options."""
+        _check_choice("residual_scaling", self.residual_scaling, RESIDUAL_SCALINGS)
+        _check_choice("synthesizer", self.synthesizer, SYNTHESIZERS)
+        if self.residual_scaling != "none":
+            from t2t.nn.residual import check_residual_config
+            check_residual_config(self)
+        if self.synthesizer != "none":
+            from t2t.nn.synthesizer import check_synthesizer_config
+            check_synthesizer_config(self)
+        if self.universal_steps:
+            from t2t.nn.universal import check_universal_config
+            check_universal_config(self)
 
     @property
     def compute_dtype(self):

@@ -1,4 +1,5 @@
-"""Feed-forward block: plain (relu, gelu, silu) or gated (GLU, GeGLU, ReGLU, SwiGLU)."""
+"""Feed-forward block: plain (relu, gelu, silu, elu, selu, sigmoid, softplus) or gated
+(GLU, GeGLU, ReGLU, SeGLU, SwiGLU, LiGLU: Shazeer 2020; Narang et al. 2021, Table 1)."""
 from __future__ import annotations
 
 from typing import Callable, Dict
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.residual import fixup_bias, fixup_init
 
 ACTIVATIONS: Dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
@@ -18,15 +20,22 @@ ACTIVATIONS: Dict[str, Callable[[jax.Array], jax.Array]] = {
     "swish": jax.nn.silu,
     "sigmoid": jax.nn.sigmoid,
     "tanh": jnp.tanh,
+    "elu": jax.nn.elu,           # Clevert et al. 2016: x > 0 ? x : exp(x) - 1
+    "selu": jax.nn.selu,         # Klambauer et al. 2017: lambda * elu_alpha(x), their constants
+    "softplus": jax.nn.softplus,  # log(1 + exp(x))
     "linear": lambda x: x,
 }
 
-# Named gated variants (Shazeer 2020, "GLU Variants Improve Transformer").
+# Named gated variants (Shazeer 2020, "GLU Variants Improve Transformer", eqs. 5-6; the
+# bias-free FFN_GLU family): FFN(x) = (act(x W) * x V) W2. LiGLU is Shazeer's "Bilinear"
+# (no nonlinearity), under the name Narang et al. 2021 (Table 1) give it.
 GATED = {
     "glu": ("sigmoid", "linear"),
     "geglu": ("gelu_tanh", "linear"),
     "reglu": ("relu", "linear"),
+    "seglu": ("selu", "linear"),
     "swiglu": ("silu", "linear"),
+    "liglu": ("linear", "linear"),
 }
 
 
@@ -54,10 +63,14 @@ class MlpBlock(nn.Module):
             feats, axes, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
             param_dtype=cfg.params_dtype, kernel_init=init, name=name)
         h = None
+        wi_init = fixup_init(cfg, kernel_init(cfg), last=False)   # Fixup: scaled, and
         for i, act in enumerate(acts):
             name = "wi" if len(acts) == 1 else f"wi_{i}"
-            y = get_activation(act)(dense(cfg.d_ff, ("embed", "mlp"), name, kernel_init(cfg))(x))
+            y = dense(cfg.d_ff, ("embed", "mlp"), name, wi_init)(x)
+            y = get_activation(act)(fixup_bias(self, f"fixup_bias_{name}", y))
             h = y if h is None else h * y
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.mlp_dropout_rate)(h, deterministic=self.deterministic)
-        return dense(cfg.d_model, ("mlp", "embed"), "wo", kernel_init(cfg))(h)
+        h = fixup_bias(self, "fixup_bias_wo", h)
+        return dense(cfg.d_model, ("mlp", "embed"), "wo",         # the branch's last layer
+                     fixup_init(cfg, kernel_init(cfg), last=True))(h)   # starts at 0

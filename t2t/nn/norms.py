@@ -93,8 +93,19 @@ class RMSNorm(_Norm):
     """T5's LayerNorm: no mean subtraction, no bias (eps 1e-6)."""
 
 
+class NoNorm(nn.Module):
+    """`norm_type="none"` (ReZero, Fixup: t2t/nn/residual.py): x in the compute dtype."""
+
+    dtype: jnp.dtype = jnp.float32
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x.astype(self.dtype)
+
+
 def make_norm(config: TransformerConfig, name: str) -> nn.Module:
-    """The config's norm (LayerNorm or RMSNorm) with its eps and dtype."""
+    """The config's norm (LayerNorm, RMSNorm or none) with its eps and dtype."""
+    if config.norm_type == "none":
+        return NoNorm(dtype=config.compute_dtype, name=name)
     cls = LayerNorm if config.norm_type == "layer" else RMSNorm
     return cls(eps=config.norm_eps, dtype=config.compute_dtype,
                param_dtype=config.params_dtype, name=name)

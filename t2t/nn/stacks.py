@@ -18,6 +18,7 @@ from t2t.nn.embed import Embed, Embedder, project_embeddings, token_embed
 from t2t.nn.moe import MOE_COLLECTION, is_moe_layer
 from t2t.nn.norms import make_norm
 from t2t.nn.position import RelativePositionBias
+from t2t.nn.universal import UniversalStack
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole layer
@@ -54,6 +55,8 @@ class LayerStack(nn.Module):
             # reductions were measurable in a T5.1.1-base train step: benchmarks/README.md).
             self_bias = jnp.broadcast_to(self_bias, (x.shape[0],) + self_bias.shape[1:])
         args = (encoded, self_mask, self_bias, cross_mask, positions, decode_index)
+        if cfg.universal_steps:         # one recurrent layer (t2t/nn/universal.py)
+            return UniversalStack(cfg, deterministic, decode, name="universal")(x, *args)
         if cfg.scan_layers and not cfg.share_layers:
             scanned = nn.scan(_layer_class(cfg, scanned=True),
                               variable_axes={"params": 0, "cache": 0, "intermediates": 0,

@@ -65,7 +65,7 @@ def test_gated_mlp_is_product_of_branches(name, acts):
     p = init(mlp, x)
     assert set(p) == {"wi_0", "wi_1", "wo"}
     fns = {"sigmoid": jax.nn.sigmoid, "gelu_tanh": lambda v: jax.nn.gelu(v, approximate=True),
-           "relu": jax.nn.relu, "silu": jax.nn.silu, "linear": lambda v: v}
+           "relu": jax.nn.relu, "silu": jax.nn.silu, "selu": jax.nn.selu, "linear": lambda v: v}
     h = fns[acts[0]](x @ p["wi_0"]["kernel"]) * fns[acts[1]](x @ p["wi_1"]["kernel"])
     assert max_diff(mlp.apply({"params": p}, x), h @ p["wo"]["kernel"]) < 1e-5
 
