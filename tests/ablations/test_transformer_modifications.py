@@ -1,0 +1,56 @@
+"""transformer_modifications.gin (Narang et al. 2021, Table 1): the grid parses at every
+scale and every cell's pretraining config builds its model (abstract init: shapes only)."""
+import gin
+import pytest
+
+from t2t.ablations import grid as grid_lib, runner
+from t2t.models.families import count_params
+from t2t.run import configurables, gin_utils
+
+GRID = "configs/ablations/transformer_modifications.gin"
+
+
+def _cell_params(grid, cell):
+    """(TransformerConfig, parameter count) of the cell's pretraining config."""
+    files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)
+    gin_utils.parse(files, bindings + ["MODEL_DIR = 'unused'"])
+    try:
+        cfg = configurables.TransformerConfig()
+        return cfg, count_params("t5", cfg)          # every row is an encoder-decoder
+    finally:
+        gin.clear_config()
+
+
+def test_every_cell_builds_its_model_at_the_tiny_scale():
+    grid = grid_lib.load_grid(GRID, "tiny")
+    labels = [c.label for c in grid.cells]
+    assert labels[0] == "Vanilla Transformer" and len(labels) >= 31
+    built = {c.label: _cell_params(grid, c) for c in grid.cells}
+    vanilla_cfg, vanilla = built["Vanilla Transformer"]
+    assert vanilla_cfg.norm_type == "layer" and vanilla_cfg.mlp_activations == ("relu",)
+    assert vanilla_cfg.num_encoder_layers == 6 and vanilla_cfg.dropout_rate == 0.0
+    # rows the paper holds at the vanilla's 223M parameters hold them here too
+    for label in ("GLU", "GeGLU", "SwiGLU", "LiGLU", "ELU", "RMS Norm",
+                  "24 layers, d_ff = 1536, H = 6", "18 layers, d_ff = 2048, H = 8",
+                  "8 layers, d_ff = 4608, H = 18", "6 layers, d_ff = 6144, H = 24"):
+        assert built[label][1] == pytest.approx(vanilla, rel=0.01), label
+    cfg, _ = built["24 layers, d_ff = 1536, H = 6"]
+    assert (cfg.num_encoder_layers, cfg.d_ff, cfg.num_heads) == (12, 192, 3)
+    assert built["Fixup"][0].residual_scaling == "fixup"
+    assert built["Fixup"][0].norm_type == "none"
+    assert built["Synthesizer (random plus alpha)"][0].synthesizer == "random_plus_alpha"
+    ut_cfg, ut = built["Universal Transformer"]
+    assert ut_cfg.universal_steps == 12 and ut_cfg.universal_act and ut < vanilla
+    assert built["Switch Transformer"][1] > built["Vanilla Transformer"][1]
+
+
+@pytest.mark.parametrize("scale", ["small", "paper"])
+def test_paper_scales_size_the_rows_as_the_paper(scale):
+    grid = grid_lib.load_grid(GRID, scale, ["T5_VOCABULARY = 'unused'"])
+    assert set(grid.paper) == {c.label for c in grid.cells}
+    cell = grid.select(["depth_18"])[0]
+    files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)
+    gin_utils.parse(files, bindings + ["MODEL_DIR = 'unused'"])
+    cfg = configurables.TransformerConfig()
+    assert (cfg.num_encoder_layers, cfg.d_ff, cfg.num_heads, cfg.d_model) == (18, 2048, 8, 768)
+    assert grid.paper["Vanilla Transformer"][:2] == [223, 11.1]
