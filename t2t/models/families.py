@@ -15,10 +15,11 @@ from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.gpt import DecoderOnlyModel
 from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
 from t2t.models.t5 import EncoderDecoderModel
+from t2t.models.xlnet import XLNet, XLNetPretrainingModel
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import Decoder, EncoderDecoder
 
-FAMILIES = ("bert", "t5", "gpt", "electra", "spanbert", "distill")
+FAMILIES = ("bert", "t5", "gpt", "electra", "spanbert", "distill", "xlnet")
 
 
 def make_module(family: str, config: TransformerConfig) -> nn.Module:
@@ -36,13 +37,15 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
         return EncoderDecoder(config)
     if family == "gpt":
         return Decoder(config)
+    if family == "xlnet":        # Transformer-XL backbone and tied LM head (t2t/models/xlnet.py)
+        return XLNet(config)
     raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
 
 
 MODEL_CLASSES: Dict[str, Callable[..., Model]] = {
     "bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
     "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel,
-    "distill": DistillationModel}
+    "distill": DistillationModel, "xlnet": XLNetPretrainingModel}
 
 
 def make_model(family: str, config: TransformerConfig, loss: LossConfig | None = None,
@@ -70,7 +73,7 @@ def example_inputs(family: str, batch: int = 2, length: int = 16,
     if family in ("bert", "spanbert", "distill"):
         return {"encoder_input_tokens": tokens(length), "token_type_ids": tokens(length) * 0,
                 "masked_positions": jnp.zeros((batch, max_predictions), jnp.int32)}
-    if family == "electra":
+    if family in ("electra", "xlnet"):
         return {"input_tokens": tokens(length)}
     if family == "t5":
         return {"encoder_input_tokens": tokens(length),

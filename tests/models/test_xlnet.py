@@ -158,3 +158,30 @@ def _step(model, opt, params, state, batch):
     loss, grads = jax.value_and_grad(lambda p: model.loss_fn(p, batch)[0])(params)
     updates, state = opt.update(grads, state, params)
     return optax.apply_updates(params, updates), state, loss
+
+
+@pytest.mark.parametrize("size,shape,hf_count", [
+    ("base", (12, 768, 12, 3072), 116_750_336),
+    ("large", (24, 1024, 16, 4096), 360_300_800)])
+def test_presets_have_the_published_shape_and_hf_parameter_count(size, shape, hf_count):
+    """XLNet-Base/Large = BERT-Base/Large's L, H, A, FF (paper §3.1) with the 32k
+    SentencePiece vocabulary; t2t's tree holds exactly XLNetLMHeadModel's parameters (the
+    HF count, computed on the meta device, is 116.8M / 360.3M: the papers' "110M / 340M"
+    are BERT's)."""
+    import torch
+    import transformers
+
+    from t2t.convert.hf_xlnet import xlnet_hf_config
+    from t2t.models.families import count_params
+    from t2t.run import configurables as configured
+    from t2t.run import gin_utils
+
+    gin_utils.parse([f"models/xlnet/{size}.gin"])
+    config = configured.TransformerConfig()
+    assert gin_utils.query_macro("MODEL_FAMILY") == "xlnet"
+    assert (config.num_encoder_layers, config.d_model, config.num_heads, config.d_ff) == shape
+    assert config.vocab_size == 32000
+    with torch.device("meta"):
+        hf = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**xlnet_hf_config(config)))
+    assert sum(p.numel() for p in hf.parameters()) == hf_count
+    assert count_params("xlnet", config) == hf_count
