@@ -25,6 +25,7 @@ import numpy as np
 
 from t2t.data import preprocessors as prep
 from t2t.data import tasks
+from t2t.data.catalog import bible
 from t2t.data.converters import EncDecConverter
 from t2t.data.sources import BundledSource
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not append to RESULTS.md")
     args = parser.parse_args(argv)
 
-    vocab = tasks.bible_sentencepiece()
+    vocab = bible.bible_sentencepiece()
     chapters = [r["text"] for r in BundledSource("web", "chapter")]
     raw_length, targets_length = prep.span_corruption_lengths(args.inputs_length)
     lengths = {"inputs": args.inputs_length, "targets": targets_length}

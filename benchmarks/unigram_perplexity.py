@@ -1,7 +1,7 @@
 """The unigram baseline for BERT Table 6's held-out masked-LM perplexity at the tiny scale.
 
 Counts the bible WordPiece (8k) tokens of the WEB training chapters and scores the held-out
-chapters (`t2t.data.tasks.BibleSplit`, the `bible_web_*_validation` tasks' text) with
+chapters (`t2t.data.catalog.bible.BibleSplit`, the `bible_web_*_validation` tasks' text) with
 add-one smoothing: the perplexity a model gets from token frequencies alone.
 
     python benchmarks/unigram_perplexity.py
@@ -15,11 +15,11 @@ VOCAB_SIZE = 8000   # the bible WordPiece of the tiny BERT scale (bible_wordpiec
 
 
 def main() -> None:
-    from t2t.data import tasks
-    wordpiece = tasks.bible_wordpiece(VOCAB_SIZE)
+    from t2t.data.catalog import bible
+    wordpiece = bible.bible_wordpiece(VOCAB_SIZE)
 
     def token_ids(split: str) -> list:
-        return [t for rec in tasks.BibleSplit("chapter", split)
+        return [t for rec in bible.BibleSplit("chapter", split)
                 for t in wordpiece.encode(rec["text"])]
 
     train, held = token_ids("train"), token_ids("validation")

@@ -360,7 +360,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from t2t import platforms
         platforms.set_default_platforms()
     if argv[:1] == ["data"]:  # its own argparse, --help included
-        from t2t.data import builders
+        from t2t.data.catalog import builders
         return builders.main(argv[1:])
     bindings, rest = _gin_args(argv)
     args = build_parser().parse_args(rest)

@@ -51,3 +51,58 @@ def test_no_import_reaches_up():
             if module.startswith("t2t.") and LAYER[_top(module)] > LAYER[source]:
                 upward.append(f"{'/'.join(parts)}.py imports {module}")
     assert not upward, "\n".join(upward)
+
+
+def test_only_the_catalogue_registers_tasks():
+    """Importing the data mechanism (every `t2t.data` module outside `catalog/`) registers
+    no task; the first lookup imports the catalogue, which registers them."""
+    import subprocess
+    import sys
+    mechanism = sorted(p.stem for p in (ROOT / "data").glob("*.py") if p.stem != "__init__")
+    code = (f"import importlib, sys\n"
+            f"for m in {mechanism!r}: importlib.import_module('t2t.data.' + m)\n"
+            "from t2t.data import tasks\n"
+            "assert not tasks._REGISTRY, sorted(tasks._REGISTRY)[:5]\n"
+            "assert 't2t.data.catalog' not in sys.modules\n"
+            "assert 'bible_web_span_corruption' in tasks.registered_tasks()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+LIGHT_CHECK = r"""
+import importlib, pkgutil, re, sys
+from importlib import metadata
+import flax.linen, jax.numpy, optax
+baseline = {m.split(".")[0] for m in sys.modules}   # what they import themselves
+import t2t.nn
+for info in pkgutil.iter_modules(t2t.nn.__path__):
+    importlib.import_module("t2t.nn." + info.name)
+
+def closure(names):
+    seen, todo = set(), list(names)
+    while todo:
+        name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [r for r in requires if "extra ==" not in r]
+    return seen
+
+allowed = closure(["jax", "jaxlib", "flax", "optax"]) | {"t2t"}
+owners = metadata.packages_distributions()
+imported = ({m.split(".")[0] for m in sys.modules} - baseline
+            - set(sys.stdlib_module_names))
+extra = sorted({d.lower().replace("_", "-") for m in imported for d in owners.get(m, [])}
+               - allowed)
+assert not extra, f"import t2t.nn pulls in {extra}"
+"""
+
+
+def test_nn_needs_only_jax_flax_optax():
+    """The core layers import nothing beyond jax, flax, optax and what they depend on."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", LIGHT_CHECK], check=True)

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from t2t.data.benchmarks import spread
+from t2t.data.finetune_tasks import spread
 from t2t.data.preprocessors import SkipExample
 from t2t.data.user_files import BadLines
 from t2t.data.vocab_training import coverage

@@ -6,6 +6,7 @@ a contiguous, near-equal block of records, so no record is lost or read twice.
 """
 from __future__ import annotations
 
+import hashlib
 import dataclasses
 import gzip
 import importlib
@@ -289,3 +290,19 @@ class ListSource:
     def __getitem__(self, index: int) -> Any:
         return self._records[index]
 
+
+# ----------------------------------------------------------------------------- splits
+
+SPLITS = ("train", "validation", "test")
+
+
+def split_of(key: str, seed: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
+    """Deterministic split of a record from a seeded hash of its stable key."""
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2.0**64
+    edge = 0.0
+    for split, fraction in zip(SPLITS, fractions):
+        edge += fraction
+        if u < edge:
+            return split
+    return SPLITS[len(fractions) - 1]

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from t2t.data.benchmarks import text, texts
+from t2t.data.finetune_tasks import text, texts
 
 NO_SPAN = (-1, -1)   # the character span of a token outside the context
 

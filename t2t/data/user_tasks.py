@@ -28,13 +28,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import sacrebleu
 
 from t2t.data import tasks as tasks_lib
 from t2t.data import user_files, vocab_training
-from t2t.data.benchmarks import (FinetuneTask, f1_with_invalid, macro_f1, squad_format,
-                                 squad_postprocess, string_to_float, text,
-                                 tokenize_text_to_text)
+from t2t.data.catalog.bible import bible_sentencepiece
+from t2t.data.finetune_tasks import (FinetuneTask, f1_with_invalid, macro_f1, squad_format,
+                                     squad_postprocess, string_to_float, text,
+                                     tokenize_text_to_text)
 from t2t.data.preprocessors import SkipExample
 from t2t.errors import ConfigError, InputFileError
 from t2t.evaluation import metrics as metrics_lib
@@ -53,6 +53,7 @@ LABELS_FILE = "labels.json"
 
 def chrf(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
     """sacrebleu's corpus chrF (character 6-grams, beta 2), 0-100."""
+    sacrebleu = metrics_lib.backend("sacrebleu")
     return {"chrf": float(sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score)}
 
 
@@ -266,7 +267,7 @@ def from_files(train_files: user_files.Patterns, validation_files: Any = None,
                target_field: str | None = None, text_field: str | None = None,
                text_pair_field: str | None = None, label_field: str | None = None,
                task_prefix: str | None = None, metrics: Any = None,
-               vocabulary: Any = tasks_lib.bible_sentencepiece,
+               vocabulary: Any = bible_sentencepiece,
                labels: Sequence[str] | None = None, name: str | None = None) -> FinetuneTask:
     """A `FinetuneTask` over your labelled files (see the module docstring for the kinds).
 
@@ -384,7 +385,7 @@ TEXT_CORPUS = "text_files"
 
 def text_files_tasks(documents_: user_files.TextDocuments, vocabulary: Any,
                      corpus: str = TEXT_CORPUS) -> list[tasks_lib.Task]:
-    """The pretraining tasks of `t2t.data.tasks.bible_tasks` over your documents
+    """The pretraining tasks of `t2t.data.catalog.bible.bible_tasks` over your documents
     (`TextDocuments`): ``<corpus>_span_corruption``, ``_lm``, ``_prefix_lm``, T5's
     objective variants, and BERT's ``_mlm_nsp``, ``_mlm``, ``_ltr`` (the documents' lines'
     sentences as BERT's), all with ``vocabulary``."""

@@ -1,27 +1,41 @@
 """Task metrics over lists of targets and predictions, backed by scikit-learn, scipy,
-sacrebleu and rouge-score. Each returns a dict of floats; scores that are customarily
+sacrebleu and rouge-score (the `eval` extra: imported when a metric first needs them, so
+training needs none of them). Each returns a dict of floats; scores that are customarily
 percentages (as in T5's tables) are multiplied by 100.
 """
 from __future__ import annotations
 
 import collections
+import importlib
 import math
 import re
 import string
 from typing import Dict, Sequence, Union
 
 import numpy as np
-import sacrebleu
-import scipy.stats
-from rouge_score import rouge_scorer
-from sklearn import metrics as skm
+
+from t2t.errors import UserError
 
 Scores = Dict[str, float]
+_PACKAGES = {"sklearn": "scikit-learn", "scipy": "scipy", "sacrebleu": "sacrebleu",
+             "rouge_score": "rouge-score"}
+
+
+def backend(module: str):
+    """An optional metric library (`module`, e.g. "sklearn.metrics"), or one line saying
+    how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        top = module.split(".")[0]
+        raise UserError(f"this metric needs {_PACKAGES.get(top, top)}, which is not "
+                        f"installed: pip install 't2t[eval]'") from None
 
 
 def accuracy(targets: Sequence, predictions: Sequence) -> Scores:
     """Exact-match accuracy of labels (or strings), in percent."""
-    return {"accuracy": 100.0 * skm.accuracy_score(list(targets), list(predictions))}
+    right = backend("sklearn.metrics").accuracy_score(list(targets), list(predictions))
+    return {"accuracy": 100.0 * right}
 
 
 def f1(targets: Sequence, predictions: Sequence, *, average: str = "binary",
@@ -30,26 +44,27 @@ def f1(targets: Sequence, predictions: Sequence, *, average: str = "binary",
     per-class F1s; e.g. CB) -> {"f1_macro"}."""
     if average not in ("binary", "macro"):
         raise ValueError(f"average must be 'binary' or 'macro', got {average!r}")
-    score = skm.f1_score(list(targets), list(predictions), average=average,
-                         pos_label=pos_label if average == "binary" else 1, zero_division=0)
+    score = backend("sklearn.metrics").f1_score(
+        list(targets), list(predictions), average=average,
+        pos_label=pos_label if average == "binary" else 1, zero_division=0)
     return {"f1" if average == "binary" else "f1_macro": 100.0 * float(score)}
 
 
 def matthews_corrcoef(targets: Sequence, predictions: Sequence) -> Scores:
     """Matthews correlation (CoLA), x100."""
-    return {"matthews_corrcoef": 100.0 * float(skm.matthews_corrcoef(list(targets),
-                                                                     list(predictions)))}
+    mcc = backend("sklearn.metrics").matthews_corrcoef(list(targets), list(predictions))
+    return {"matthews_corrcoef": 100.0 * float(mcc)}
 
 
 def pearson(targets: Sequence[float], predictions: Sequence[float]) -> Scores:
     """Pearson correlation (STS-B), x100."""
-    return {"pearson_corrcoef": 100.0 * float(scipy.stats.pearsonr(
+    return {"pearson_corrcoef": 100.0 * float(backend("scipy.stats").pearsonr(
         np.asarray(targets, float), np.asarray(predictions, float))[0])}
 
 
 def spearman(targets: Sequence[float], predictions: Sequence[float]) -> Scores:
     """Spearman rank correlation (STS-B), x100."""
-    return {"spearman_corrcoef": 100.0 * float(scipy.stats.spearmanr(
+    return {"spearman_corrcoef": 100.0 * float(backend("scipy.stats").spearmanr(
         np.asarray(targets, float), np.asarray(predictions, float))[0])}
 
 
@@ -100,9 +115,9 @@ def bleu(targets: Sequence[Union[str, Sequence[str]]], predictions: Sequence[str
         references = [list(refs) for refs in zip(*targets)]   # [num_refs][examples]
     else:
         references = [list(targets)]
-    result = sacrebleu.corpus_bleu(list(predictions), references, smooth_method="exp",
-                                   lowercase=False, tokenize=tokenize,
-                                   use_effective_order=False)
+    result = backend("sacrebleu").corpus_bleu(
+        list(predictions), references, smooth_method="exp", lowercase=False,
+        tokenize=tokenize, use_effective_order=False)
     return {"bleu": float(result.score)}
 
 
@@ -116,7 +131,7 @@ def rouge(targets: Sequence[str], predictions: Sequence[str], *,
     """Mean ROUGE-1/2/L F-measure in percent, plus "rougeLsum" (summary-level LCS over
     sentences split onto lines, as seqio does for summarization)."""
     keys = ("rouge1", "rouge2", "rougeL", "rougeLsum")
-    scorer = rouge_scorer.RougeScorer(list(keys), use_stemmer=use_stemmer)
+    scorer = backend("rouge_score.rouge_scorer").RougeScorer(list(keys), use_stemmer=use_stemmer)
     totals = dict.fromkeys(keys, 0.0)
     for target, prediction in zip(targets, predictions):
         scores = scorer.score(_split_sentences(target), _split_sentences(prediction))

@@ -14,7 +14,7 @@ from typing import Callable, Dict
 
 import gin
 
-from t2t.data import paper
+from t2t.data.catalog import paper
 from t2t.models import base, distill, electra, lightweight, spanbert
 from t2t.nn import config as nn_config
 from t2t.train import optimizers, partitioning, trainer

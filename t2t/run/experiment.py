@@ -15,7 +15,7 @@ import gin
 import jax
 import numpy as np
 
-import t2t.data.paper  # noqa: F401  registers the C4 and benchmark tasks
+import t2t.data.catalog.paper  # noqa: F401  registers the C4 and benchmark tasks
 from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
@@ -228,7 +228,8 @@ def summary(exp: Experiment, result: TrainResult) -> str:
         lines.append(line)
         png = curves.plot_metrics(rows, os.path.join(model_dir, "loss.png"),
                                   title=os.path.basename(os.path.normpath(model_dir)))
-        lines.append(f"loss curve: {png}")
+        lines.append(f"loss curve: {png}" if png else
+                     "loss curve: not plotted (pip install 't2t[plots]' for matplotlib)")
     reports = getattr(exp.task, "data_reports", None)   # your own files: what was skipped
     if reports:
         from t2t.data import data_report

@@ -31,12 +31,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-import t2t.data.offline  # noqa: F401  registers the offline fine-tuning tasks
+import t2t.data.catalog.offline  # noqa: F401  registers the offline fine-tuning tasks
 import t2t.run.user_data  # noqa: F401  files_task, text_corpus: your own files
 from t2t import storage
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
-from t2t.data.benchmarks import classification_examples, spread
+from t2t.data.finetune_tasks import classification_examples, spread
 from t2t.models import lightweight, peft
 from t2t.run import configurables as configured
 from t2t.train import evaluator, optimizers
@@ -460,7 +460,8 @@ def bible_wordpiece_path(vocab_size: int = 8000) -> str:
     """The vocab.txt of the WordPiece the bible_web BERT tasks use (trained once, cached):
     fine-tune a BERT pretrained on them with `classifier_experiment.vocabulary =
     @bible_wordpiece_path()`."""
-    return tasks_lib.bible_wordpiece(vocab_size).vocab_file
+    from t2t.data.catalog.bible import bible_wordpiece
+    return bible_wordpiece(vocab_size).vocab_file
 
 
 # ----------------------------------------------------------------------------- the run

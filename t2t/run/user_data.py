@@ -11,6 +11,7 @@ import gin
 
 from t2t.data import tasks as tasks_lib
 from t2t.data import user_files, vocab_training
+from t2t.data.catalog.bible import bible_sentencepiece
 from t2t.data.user_tasks import (TEXT_CORPUS, from_files, read_labels, save_labels,
                                  text_files_tasks, text_vocabulary)
 from t2t.run.configurables import configurable
@@ -54,7 +55,7 @@ def files_task(train_files: Any = gin.REQUIRED, validation_files: Any = None,
     SentencePiece; the label set comes from ``model_dir``/labels.json when a run made it
     already (so `t2t eval` and a resumed run keep the ids), else from the training files
     and is saved there."""
-    vocabulary = vocab_training.saved(initial_checkpoint) or tasks_lib.bible_sentencepiece
+    vocabulary = vocab_training.saved(initial_checkpoint) or bible_sentencepiece
     labels = read_labels(model_dir)
     task = from_files(train_files, validation_files, test_files, input_field=input_field,
                       target_field=target_field, text_field=text_field,

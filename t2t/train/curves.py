@@ -2,6 +2,7 @@
 comparing the first logged step with the last (whatever accuracies the family logs)."""
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 from typing import Dict, List, Optional, Sequence
@@ -37,9 +38,10 @@ def summary_line(rows: Sequence[Dict]) -> Optional[str]:
 
 def plot_metrics(rows: Sequence[Dict], png_path: str, title: str = "") -> Optional[str]:
     """Training (and eval, if logged) loss against step, with the accuracies on a second
-    panel; written to `png_path`. None when there is nothing to plot."""
+    panel; written to `png_path`. None when there is nothing to plot, or no matplotlib
+    (the `plots` extra)."""
     logged = train_rows(rows)
-    if not logged:
+    if not logged or importlib.util.find_spec("matplotlib") is None:
         return None
     import matplotlib
     matplotlib.use("Agg")

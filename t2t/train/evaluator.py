@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 
 from t2t import storage
-from t2t.data.benchmarks import FinetuneTask, classification_examples, spread
+from t2t.data.finetune_tasks import FinetuneTask, classification_examples, spread
 from t2t.data.converters import EncDecConverter
 from t2t.data.sources import InvalidRecord
 from t2t.data.tasks import get_task

@@ -6,7 +6,7 @@ import tensorflow_datasets as tfds
 import pytest
 
 from t2t.ablations import grid as grid_lib, runner
-from t2t.data.tasks import bible_sentencepiece
+from t2t.data.catalog.bible import bible_sentencepiece
 
 SHAPE = ["TransformerConfig.d_model = 32", "TransformerConfig.d_ff = 64",
          "TransformerConfig.num_heads = 2", "TransformerConfig.head_dim = 16",
@@ -71,7 +71,7 @@ BERT_CI = {"l1_h128_a4"}   # + ltr_bilstm in the fine-tuning test
 
 
 def _bert_grid(path, scale="paper"):
-    from t2t.data.tasks import bible_wordpiece
+    from t2t.data.catalog.bible import bible_wordpiece
     vocab = bible_wordpiece().vocab_file        # a local WordPiece stands in for BERT's
     return grid_lib.load_grid(path, scale, BERT_TEST + [f"BERT_VOCABULARY = {vocab!r}"])
 
@@ -79,7 +79,7 @@ def _bert_grid(path, scale="paper"):
 @pytest.mark.parametrize("path,key", [
     pytest.param(g, k, marks=() if k in BERT_CI else pytest.mark.slow) for g, k in BERT_CELLS])
 def test_bert_paper_cell_pretrains_on_mock_wikipedia(path, key, tmp_path, monkeypatch):
-    from t2t.data import paper
+    from t2t.data.catalog import paper
     monkeypatch.setattr(paper, "WIKIPEDIA_HELDOUT", 0.25)   # 16 mock articles: hold out ~4
     grid = _bert_grid(path)
     (cell,) = [c for c in grid.cells if c.key == key]
@@ -119,7 +119,7 @@ def test_small_scale_is_the_paper_recipe_shortened_on_one_gpu_host(tmp_path):
 
 
 def test_bert_small_scale_pretrains_with_heldout_perplexity(tmp_path, monkeypatch):
-    from t2t.data import paper
+    from t2t.data.catalog import paper
     monkeypatch.setattr(paper, "WIKIPEDIA_HELDOUT", 0.25)
     grid = _bert_grid("configs/ablations/bert_table6.gin", "small")
     assert dict(grid.scale.tasks) == {"glue_mnli": "accuracy", "glue_mrpc": "accuracy",

@@ -7,7 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from t2t.data import benchmarks as B
+from t2t.data import finetune_tasks as B
+from t2t.data.catalog import downstream as D
 from t2t.data import bundled
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import get_task, remove_task
@@ -23,7 +24,7 @@ from tests.data.helpers import verses as _verses
 @pytest.fixture
 def tasks(spm):
     """Fresh tasks per test: a task keeps the sources it made (each under its own mock)."""
-    return {t.name: t for t in B.benchmark_tasks(spm)}
+    return {t.name: t for t in D.benchmark_tasks(spm)}
 
 
 # What each task's inputs start with (T5's text formats).
@@ -53,10 +54,10 @@ def test_label_names_match_tfds():
     import tensorflow_datasets.text.glue  # noqa: F401 - registers the builders
     import tensorflow_datasets.text.super_glue  # noqa: F401
 
-    B._super_glue_without_tensorflow()
-    for name, (_, _, labels, _) in B.GLUE.items():
+    D._super_glue_without_tensorflow()
+    for name, (_, _, labels, _) in D.GLUE.items():
         assert tuple(tfds.builder(f"glue/{name}").info.features["label"].names) == labels
-    for name, (_, _, labels, _) in B.SUPER_GLUE.items():
+    for name, (_, _, labels, _) in D.SUPER_GLUE.items():
         assert tuple(tfds.builder(f"super_glue/{name}").info.features["label"].names) == labels
 
 
@@ -146,7 +147,7 @@ def test_pipeline_batches_on_mock_data(tasks):
 def test_t5_text_formats():
     mnli = B.glue_format({"hypothesis": b"A cat.", "premise": np.array("A dog."),
                           "label": np.int64(2), "idx": 7}, benchmark="mnli",
-                         feature_names=("hypothesis", "premise"), label_names=B.MNLI_LABELS)
+                         feature_names=("hypothesis", "premise"), label_names=D.MNLI_LABELS)
     assert mnli == {"inputs": "mnli hypothesis: A cat. premise: A dog.",
                     "targets": "contradiction", "label": 2}
     unlabelled = B.glue_format({"sentence": "x", "label": -1}, benchmark="cola",
@@ -245,13 +246,13 @@ def test_truncate_pair_matches_berts_loop():
 
 def test_register_benchmark_tasks(spm):
     from t2t.data import tasks as T
-    before = {n: T.get_task(n) for n in T.registered_tasks()}   # t2t.data.paper's, if imported
-    names = B.register_benchmark_tasks(spm, overwrite=True)
+    before = {n: T.get_task(n) for n in T.registered_tasks()}   # t2t.data.catalog.paper's, if imported
+    names = D.register_benchmark_tasks(spm, overwrite=True)
     try:
         assert get_task("glue_cola").vocabulary is spm and "squad_v2_0" in names
         with pytest.raises(ValueError, match="already registered"):
-            B.register_benchmark_tasks(spm)
-        B.register_benchmark_tasks(lambda: spm, overwrite=True)  # a lazy factory
+            D.register_benchmark_tasks(spm)
+        D.register_benchmark_tasks(lambda: spm, overwrite=True)  # a lazy factory
         assert get_task("wmt16_enro").vocabulary is spm
     finally:
         for name in names:
@@ -261,7 +262,7 @@ def test_register_benchmark_tasks(spm):
 
 
 def test_spread_keeps_the_label_mix_of_a_sorted_split():
-    from t2t.data.benchmarks import spread
+    from t2t.data.finetune_tasks import spread
     labels = ["a"] * 50 + ["b"] * 30 + ["c"] * 20        # stored sorted by label, as BBC's
     picked = [labels[i] for i in spread(len(labels), 10)]
     assert picked == ["a"] * 5 + ["b"] * 3 + ["c"] * 2

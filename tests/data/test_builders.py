@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from t2t.data import builders as B
+from t2t.data.catalog import builders as B
 
 
 def make_mo(messages: dict, charset: str = "UTF-8") -> bytes:

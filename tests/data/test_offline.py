@@ -7,13 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from t2t.data import builders, bundled, offline
-from t2t.data.benchmarks import spread
+from t2t.data import bundled
+from t2t.data.catalog import builders, offline
+from t2t.data.finetune_tasks import spread
 from t2t.data.converters import EncDecConverter
-from t2t.data.tasks import bible_sentencepiece, get_task, registered_tasks
+from t2t.data.tasks import get_task, registered_tasks
+from t2t.data.catalog.bible import bible_sentencepiece
 from t2t.train.evaluator import compute_metrics
 
-SIZES = {  # as documented in t2t.data.offline
+SIZES = {  # as documented in t2t.data.catalog.offline
     "bible_translate_en_es": (27850, 1678, 1549),
     "bible_paraphrase_kjv_web": (55730, 3360, 3100),
     "bible_style_kjv_to_web": (27865, 1680, 1550),

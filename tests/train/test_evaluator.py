@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from t2t.data import benchmarks as B
+from t2t.data import finetune_tasks as B
 from t2t.data import bundled
 from t2t.data.converters import EncDecConverter
 from t2t.data.sources import ListSource

@@ -179,7 +179,7 @@ def test_bert_classifier_from_hugging_face_dir(tmp_path):
     the bundled paraphrase task: the trunk is the saved one, the head new."""
     import flax.linen as nn
     from t2t.convert import hf
-    from t2t.data.tasks import bible_wordpiece
+    from t2t.data.catalog.bible import bible_wordpiece
     from t2t.models.families import make_module
     from t2t.run.configurables import TransformerConfig
     gin_utils.parse(["models/bert/test.gin"], [])
@@ -209,7 +209,7 @@ def test_bert_classifier_from_hugging_face_dir(tmp_path):
 def test_classifier_experiment_ltr_heads_from_gin(tmp_path):
     """BERT Table 5's LTR fine-tuning through gin: a causal trunk with 'last' pooling and
     a BiLSTM head (nothing is trained here)."""
-    from t2t.data.tasks import bible_wordpiece
+    from t2t.data.catalog.bible import bible_wordpiece
     gin_utils.parse(["runs/finetune_bert.gin", "models/bert/test.gin"], FAST + [
         f"MODEL_DIR = '{tmp_path}'", "INITIAL_CHECKPOINT = None",
         "MIXTURE_OR_TASK_NAME = 'bible_paraphrase_kjv_web'", "EPOCHS = None",
@@ -246,7 +246,7 @@ assert first == second, "operative configs differ"
 @pytest.fixture(scope="module")
 def squad_task():
     """A SQuAD-shaped task over bundled verses (tests/data/helpers.squad_records)."""
-    from t2t.data.benchmarks import FinetuneTask
+    from t2t.data.finetune_tasks import FinetuneTask
     from t2t.data.tasks import register_task
     from tests.data.helpers import squad_records
     records = {"train": squad_records(40), "validation": squad_records(12, seed=1)}

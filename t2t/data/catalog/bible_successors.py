@@ -18,7 +18,8 @@ import threading
 from typing import Any, Callable
 
 from t2t.data import preprocessors as prep
-from t2t.data.tasks import (BertPretraining, BibleSplit, Task, bible_wordpiece, register_task)
+from t2t.data.tasks import BertPretraining, Task, register_task
+from t2t.data.catalog.bible import BibleSplit, bible_wordpiece
 
 
 def _special(vocabulary: Any) -> tuple[int, ...]:

@@ -34,6 +34,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
+from t2t.data.sources import split_of  # noqa: F401  (re-used by the builders)
+
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
 
@@ -66,16 +68,6 @@ def manifest(name: str, root: str | os.PathLike | None = None) -> dict:
 # ----------------------------------------------------------------------------- pure helpers
 
 
-def split_of(key: str, seed: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
-    """Deterministic split of a record from a seeded hash of its stable key."""
-    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2.0**64
-    edge = 0.0
-    for split, fraction in zip(SPLITS, fractions):
-        edge += fraction
-        if u < edge:
-            return split
-    return SPLITS[len(fractions) - 1]
 
 
 def write_jsonl(records: Iterable[dict], path: Path) -> int:

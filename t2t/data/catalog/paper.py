@@ -10,7 +10,7 @@ downloads). Registered at import, nothing read until used:
   articles as documents and their sentences as sentences, with BERT's uncased WordPiece
   (`bert_vocabulary`, a local vocab.txt: ``bert_vocabulary.path``). BookCorpus, BERT's
   other half, is not in TFDS;
-* the standard benchmark tasks of `t2t.data.benchmarks` (GLUE, SuperGLUE, SQuAD, WMT,
+* the standard benchmark tasks of `t2t.data.catalog.downstream` (GLUE, SuperGLUE, SQuAD, WMT,
   CNN/DailyMail) by their names, ``glue_cola`` ...
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ import functools
 import re
 from typing import Any, Callable, Dict, List
 
-from t2t.data import builders
-from t2t.data.benchmarks import register_benchmark_tasks
+from t2t.data.catalog import builders
+from t2t.data.catalog.downstream import register_benchmark_tasks
 from t2t.data.sources import TfdsSource
 from t2t.errors import ConfigError
-from t2t.data.tasks import (BertPretraining, Task, bert_ltr, register_task,
-                            t5_objective_tasks, tokenize)
+from t2t.data.tasks import (BertPretraining, Task, bert_ltr, register_task, t5_objective_tasks,
+                            tokenize)
 
 C4 = "c4/en:3.1.0"   # TFDS's C4 en (T5's own tasks read 3.0.1, no longer in TFDS)
 

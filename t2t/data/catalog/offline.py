@@ -43,12 +43,14 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from t2t.data import builders, bundled
-from t2t.data.benchmarks import (LANGUAGES, FinetuneTask, classification_examples,
-                                 f1_with_invalid, macro_f1, text, tokenize_text_to_text,
-                                 translate_format, translate_prefix)
+from t2t.data import bundled
+from t2t.data.catalog import builders
+from t2t.data.finetune_tasks import (LANGUAGES, FinetuneTask, classification_examples,
+                                     f1_with_invalid, macro_f1, text, tokenize_text_to_text,
+                                     translate_format, translate_prefix)
 from t2t.data.sources import JsonlSource, ListSource
-from t2t.data.tasks import bible_sentencepiece, register_task
+from t2t.data.tasks import register_task
+from t2t.data.catalog.bible import bible_sentencepiece
 from t2t.evaluation import metrics
 
 __all__ = ["BIBLE_SPLIT", "BBC_CATEGORIES", "bible_pairs", "built_source",
