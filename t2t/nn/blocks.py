@@ -19,6 +19,7 @@ from t2t.nn.config import TransformerConfig
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.moe import MoeBlock
 from t2t.nn.norms import make_norm
+from t2t.nn.product_key import ProductKeyMemory
 from t2t.nn.residual import ResidualGate
 
 
@@ -28,7 +29,9 @@ class TransformerLayer(nn.Module):
     Cross-attention runs only when `encoded` is given, so one layer can serve both the
     encoder and the decoder (the T5 paper's shared encoder-decoder).
     `scanned=True` returns `(x, None)` for use under `nn.scan`; `moe=True` gives it
-    mixture-of-experts feed-forward (`t2t.nn.moe`).
+    mixture-of-experts feed-forward (`t2t.nn.moe`), `pkm=True` a product-key memory in its
+    place (`t2t.nn.product_key`). `self_kv` [batch, k_len, embed], when given, is what
+    self-attention reads keys and values from (the Funnel encoder's pool-query-only layer).
     """
 
     config: TransformerConfig
@@ -36,6 +39,7 @@ class TransformerLayer(nn.Module):
     decode: bool = False
     scanned: bool = False
     moe: bool = False
+    pkm: bool = False
 
     def setup(self):
         cfg = self.config
@@ -45,7 +49,7 @@ class TransformerLayer(nn.Module):
         self.self_attention = attn("self_attention", self.decode, True,
                                    synthetic=cfg.synthesizer != "none")
         self.cross_attention = attn("cross_attention", False)
-        ffn = MoeBlock if self.moe else MlpBlock
+        ffn = MoeBlock if self.moe else ProductKeyMemory if self.pkm else MlpBlock
         self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")
         self.self_attention_norm = make_norm(cfg, "self_attention_norm")
         self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
@@ -73,11 +77,14 @@ class TransformerLayer(nn.Module):
 
     def __call__(self, x: jax.Array, encoded: Optional[jax.Array] = None,
                  self_mask=None, self_bias=None, cross_mask=None,
-                 positions: Optional[jax.Array] = None, decode_index=None):
+                 positions: Optional[jax.Array] = None, decode_index=None,
+                 self_kv: Optional[jax.Array] = None):
         adapt = self.config.adapter_size > 0
+        kv = (None if self_kv is None else
+              self.self_attention_norm(self_kv) if self.config.pre_norm else self_kv)
         x = self._sublayer(x, self.self_attention_norm, lambda h: self.self_attention(
-            h, h, self_mask, self_bias, positions, positions, decode_index),
-            self.attention_adapter if adapt else None, self.self_attention_gate)
+            h, h if kv is None else kv, self_mask, self_bias, positions, positions,
+            decode_index), self.attention_adapter if adapt else None, self.self_attention_gate)
         if encoded is not None:
             x = self._sublayer(x, self.cross_attention_norm,
                                lambda h: self.cross_attention(h, encoded, cross_mask),

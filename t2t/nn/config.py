@@ -14,6 +14,8 @@ ATTENTION_SCALES = ("sqrt", "folded")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 KERNEL_INITS = ("variance_scaling", "normal")
 DTYPES = ("float32", "bfloat16", "auto")
+SHARE_LAYERS_IN = ("both", "encoder", "decoder")
+OUTPUT_LAYERS = ("softmax", "adaptive_softmax", "mixture_of_softmaxes")
 RESIDUAL_SCALINGS = ("none", "rezero", "fixup")
 SYNTHESIZERS = ("none", "dense", "dense_plus", "dense_plus_alpha", "factorized", "random",
                 "random_plus", "random_plus_alpha")
@@ -118,6 +120,28 @@ class TransformerConfig:
     universal_act_threshold: float = 0.99  # halt once the summed probability passes this
     universal_ponder_weight: float = 0.01  # ponder cost's weight in the loss
 
+    # Narang et al. 2021 ("Do Transformer Modifications Transfer?"), sharing and embeddings.
+    share_layers_in: str = "both"     # with share_layers: "both" stacks, "encoder", "decoder"
+    share_input_embeddings: bool = True  # T5: encoder and decoder read one token table
+    adaptive_input: bool = False      # Baevski & Auli 2019 token embeddings (adaptive_input.py)
+    output_layer: str = "softmax"     # softmax | adaptive_softmax (Grave et al. 2017) |
+    #   mixture_of_softmaxes (Yang et al. 2018); t2t/nn/adaptive_softmax.py, mixture_of_softmaxes.py
+    adaptive_cutoffs: Sequence[int] = ()  # vocabulary cluster bounds (ids by frequency)
+    adaptive_factor: float = 4.0      # cluster i is d_model / factor**i wide
+    adaptive_softmax_projection: bool = True  # False: every cluster d_model wide, unprojected
+    #   (tie_embeddings ties adaptive input and softmax, Baevski & Auli 2019)
+    mos_num_softmaxes: int = 4        # K of the mixture of softmaxes
+    transparent_attention: bool = False  # Bapna et al. 2018: cross-attention reads a learned
+    #   mix of every encoder layer (t2t/nn/transparent.py)
+    funnel_blocks: Sequence[int] = ()  # Dai et al. 2020: encoder layers per block, stride-2
+    #   pooling between blocks (t2t/nn/funnel.py); () = no pooling
+    pkm_layers: Sequence[int] = ()    # Lample et al. 2019: decoder layers whose feed-forward
+    #   is a product-key memory (t2t/nn/product_key.py)
+    pkm_num_keys: int = 512           # sub-keys per half: n² memory slots
+    pkm_key_dim: int = 256            # query width (two halves of d_k / 2)
+    pkm_heads: int = 4
+    pkm_topk: int = 32
+
     def __post_init__(self):
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_choice("position_embedding", self.position_embedding, POSITION_TYPES)
@@ -141,7 +165,32 @@ class TransformerConfig:
         if self.moe_num_experts:
             from t2t.nn.moe import check_moe_config   # the checks live beside the layer
             check_moe_config(self)
+        self._check_narang_options()
         self._check_part_a_options()
+
+    def _check_narang_options(self) -> None:
+        """Narang et al. 2021 options: choices, then the layers' own checks."""
+        for name in ("adaptive_cutoffs", "funnel_blocks", "pkm_layers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        _check_choice("share_layers_in", self.share_layers_in, SHARE_LAYERS_IN)
+        _check_choice("output_layer", self.output_layer, OUTPUT_LAYERS)
+        if self.share_encoder_decoder and self.share_layers_in != "both":
+            raise ConfigError("share_encoder_decoder=True shares both stacks; set "
+                              "share_layers_in='both'")
+        if self.adaptive_input or self.output_layer == "adaptive_softmax":
+            from t2t.nn.adaptive_softmax import check_adaptive_config
+            check_adaptive_config(self)
+        if self.output_layer == "mixture_of_softmaxes" and self.mos_num_softmaxes < 1:
+            raise ConfigError(f"mos_num_softmaxes must be >= 1, got {self.mos_num_softmaxes}")
+        if self.transparent_attention and (self.scan_layers or self.funnel_blocks):
+            raise ConfigError("transparent_attention needs every encoder layer's output: set "
+                              "scan_layers=False and funnel_blocks=()")
+        if self.funnel_blocks:
+            from t2t.nn.funnel import check_funnel_config
+            check_funnel_config(self)
+        if self.pkm_layers:
+            from t2t.nn.product_key import check_pkm_config
+            check_pkm_config(self)
 
     def _check_part_a_options(self) -> None:
         """Residual scaling, synthesizer, Universal Transformer and Linformer options."""

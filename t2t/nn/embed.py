@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.nn.adaptive_input import AdaptiveInput
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, embedding_init, kernel_init
 from t2t.nn.norms import make_norm
@@ -38,8 +39,13 @@ class Embed(nn.Module):
                           preferred_element_type=jnp.float32).astype(self.dtype)
 
 
-def token_embed(config: TransformerConfig, name: str = "token_embedder") -> Embed:
-    """The token table: [vocab, embed] (or [vocab, E] when factorized, ALBERT)."""
+def token_embed(config: TransformerConfig, name: str = "token_embedder") -> nn.Module:
+    """The token table: [vocab, embed] (or [vocab, E] when factorized, ALBERT); adaptive
+    input clusters (Baevski & Auli 2019) when the config asks, with the tied adaptive
+    softmax when it also ties the output."""
+    if config.adaptive_input:
+        tied = config.tie_embeddings and config.output_layer == "adaptive_softmax"
+        return AdaptiveInput(config, with_softmax=tied, name=name)
     return Embed(config.vocab_size, config.embedding_dim or config.d_model,
                  dtype=config.compute_dtype, param_dtype=config.params_dtype,
                  embedding_init=embedding_init(config), name=name)

@@ -10,14 +10,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.nn.adaptive_softmax import AdaptiveSoftmax
 from t2t.nn.attention import causal_mask, combine_masks, prefix_lm_mask, segment_mask
 from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.embed import Embed, Embedder, project_embeddings, token_embed
+from t2t.nn.funnel import FunnelStack, pool_segments_to
+from t2t.nn.mixture_of_softmaxes import MixtureOfSoftmaxes
 from t2t.nn.moe import MOE_COLLECTION, is_moe_layer
 from t2t.nn.norms import make_norm
 from t2t.nn.position import RelativePositionBias
+from t2t.nn.product_key import is_pkm_layer
+from t2t.nn.transparent import TransparentMix, layer_memory
 from t2t.nn.universal import UniversalStack
 
 REMAT_POLICIES = {
@@ -39,15 +44,23 @@ def _default_positions(tokens: jax.Array) -> jax.Array:
 
 
 class LayerStack(nn.Module):
-    """`num_layers` layers: a Python loop, one shared layer (ALBERT), or `nn.scan`."""
+    """`num_layers` layers: a Python loop, one shared layer (ALBERT), or `nn.scan`.
+
+    `stack` ("encoder" / "decoder") decides sharing under `config.share_layers_in`.
+    `encoded` [b, l, d] is every layer's memory, or [b, num_layers, l, d] one per layer
+    (transparent attention). `return_all=True` returns (x, [input, layer outputs...]).
+    """
 
     config: TransformerConfig
     num_layers: int
+    stack: str = "both"
 
     @nn.compact
     def __call__(self, x, encoded=None, self_mask=None, self_bias=None, cross_mask=None,
-                 positions=None, decode_index=None, *, deterministic=True, decode=False):
+                 positions=None, decode_index=None, *, deterministic=True, decode=False,
+                 return_all=False):
         cfg = self.config
+        shared = cfg.share_layers and cfg.share_layers_in in ("both", self.stack)
         if self_bias is not None and not decode and self.num_layers > 1:
             # One bias shared by every layer (T5's relative positions) is broadcast over the
             # batch once, here: its gradient then sums the layers' [b, h, q, k] cotangents
@@ -56,8 +69,9 @@ class LayerStack(nn.Module):
             self_bias = jnp.broadcast_to(self_bias, (x.shape[0],) + self_bias.shape[1:])
         args = (encoded, self_mask, self_bias, cross_mask, positions, decode_index)
         if cfg.universal_steps:         # one recurrent layer (t2t/nn/universal.py)
-            return UniversalStack(cfg, deterministic, decode, name="universal")(x, *args)
-        if cfg.scan_layers and not cfg.share_layers:
+            out = UniversalStack(cfg, deterministic, decode, name="universal")(x, *args)
+            return (out, [x, out]) if return_all else out
+        if cfg.scan_layers and not shared:
             scanned = nn.scan(_layer_class(cfg, scanned=True),
                               variable_axes={"params": 0, "cache": 0, "intermediates": 0,
                                              MOE_COLLECTION: 0},
@@ -68,14 +82,18 @@ class LayerStack(nn.Module):
                            moe=is_moe_layer(cfg, 0), name="layer")(x, *args)
             return x
         cls = _layer_class(cfg, scanned=False)
-        if cfg.share_layers:
-            layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, 0), name="layer")
-            for _ in range(self.num_layers):
-                x = layer(x, *args)
-            return x
+        states = [x]
+        layer = None
         for i in range(self.num_layers):
-            layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i), name=f"layer_{i}")
-            x = layer(x, *args)
+            if not shared:
+                layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i),
+                            pkm=is_pkm_layer(cfg, i, self.stack), name=f"layer_{i}")
+            elif layer is None:
+                layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, 0), name="layer")
+            x = layer(x, layer_memory(encoded, i), *args[1:])
+            states.append(x)
+        if return_all:
+            return x, states
         return x
 
 
@@ -93,12 +111,17 @@ class Encoder(nn.Module):
     Bidirectional, or left-to-right with `config.encoder_causal` (a causal mask combined
     with the packing/padding mask: position i sees keys j <= i of its own segment).
     `embedder` may be passed in to share all embeddings with another stack (ELECTRA).
+    `all_layers=True` returns every state, the embedding output first, through the final
+    norm: [batch, layers + 1, length, d_model] (transparent attention, `t2t.nn.transparent`).
+    With `config.funnel_blocks` the layers pool the sequence (`t2t.nn.funnel`): the output
+    is [batch, ceil(length / 2^(blocks-1)), d_model].
     """
 
     config: TransformerConfig
     token_embedder: Optional[Embed] = None
     layer_stack: Optional[LayerStack] = None
     embedder: Optional[Embedder] = None
+    all_layers: bool = False
 
     @nn.compact
     def __call__(self, input_tokens: jax.Array, segment_ids: Optional[jax.Array] = None,
@@ -117,6 +140,10 @@ class Encoder(nn.Module):
             x = Embedder(cfg, table, deterministic, name="embedder")(input_tokens, positions,
                                                                      token_type_ids)
         x = project_embeddings(cfg, x)                             # [b, l, d_model]
+        if cfg.funnel_blocks:
+            x = FunnelStack(cfg, _layer_class(cfg, scanned=False), name="layers")(
+                x, segment_ids, deterministic=deterministic)          # [b, pooled, d_model]
+            return _final_norm(cfg, x, deterministic)
         mask = combine_masks(  # [batch|1, 1, length, length]
             causal_mask(input_tokens.shape[1]) if cfg.encoder_causal else None,
             None if segment_ids is None else segment_mask(segment_ids, segment_ids))
@@ -124,7 +151,12 @@ class Encoder(nn.Module):
         if cfg.position_embedding == "relative":
             idx = jnp.arange(input_tokens.shape[1])
             bias = RelativePositionBias(cfg, bidirectional=True, name="relpos")(idx, idx)
-        stack = self.layer_stack or LayerStack(cfg, cfg.num_encoder_layers, name="layers")
+        stack = self.layer_stack or LayerStack(cfg, cfg.num_encoder_layers, "encoder",
+                                               name="layers")
+        if self.all_layers:
+            _, states = stack(x, None, mask, bias, None, positions, None,
+                              deterministic=deterministic, return_all=True)
+            return _final_norm(cfg, jnp.stack(states, axis=1), deterministic)  # [b, N+1, l, d]
         x = stack(x, None, mask, bias, None, positions, None, deterministic=deterministic)
         return _final_norm(cfg, x, deterministic)
 
@@ -202,6 +234,10 @@ class Decoder(nn.Module):
             idx = jnp.arange(length)
             self_bias = None if relpos is None else relpos(idx, idx)
 
+        if encoded is not None and encoded.ndim == 4:   # transparent attention: [b, N+1, l, d]
+            encoded = TransparentMix(cfg, cfg.num_decoder_layers, name="transparent_mix")(encoded)
+        if encoded is not None and encoder_segment_ids is not None:   # funnel: pooled memory
+            encoder_segment_ids = pool_segments_to(encoder_segment_ids, encoded.shape[-2])
         cross_mask = None
         if encoded is not None and encoder_segment_ids is not None:
             q_segments = (jnp.ones_like(tokens) if decoder_segment_ids is None or decode
@@ -211,7 +247,8 @@ class Decoder(nn.Module):
         table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
         x = Embedder(cfg, table, deterministic, name="embedder")(tokens, positions)
         x = project_embeddings(cfg, x)
-        stack = self.layer_stack or LayerStack(cfg, cfg.num_decoder_layers, name="layers")
+        stack = self.layer_stack or LayerStack(cfg, cfg.num_decoder_layers, "decoder",
+                                               name="layers")
         x = stack(x, encoded, self_mask, self_bias, cross_mask, positions, decode_index,
                   deterministic=deterministic, decode=decode)
         x = _final_norm(cfg, x, deterministic)
@@ -224,8 +261,22 @@ class Decoder(nn.Module):
 def output_logits(cfg: TransformerConfig, x: jax.Array, table: Embed) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab]; tied or its own `logits_dense`.
 
+    `config.output_layer` "adaptive_softmax" / "mixture_of_softmaxes" return normalised
+    log-probabilities instead, which the losses, scoring and decoding take as logits.
     Call from inside a compact module (it creates params in the caller's scope).
     """
+    if cfg.output_layer == "adaptive_softmax":                        # log-probabilities
+        if cfg.tie_embeddings:                                         # adaptive input's
+            return table.log_probs(x)
+        return AdaptiveSoftmax(cfg, name="adaptive_softmax")(x)
+    if cfg.output_layer == "mixture_of_softmaxes":                    # log-probabilities
+        return MixtureOfSoftmaxes(cfg, name="mixture_of_softmaxes")(
+            x, lambda h: _word_logits(cfg, h, table))
+    return _word_logits(cfg, x, table)
+
+
+def _word_logits(cfg: TransformerConfig, x: jax.Array, table: Embed) -> jax.Array:
+    """The softmax layer: [..., d_model] -> [..., vocab] (see `output_logits`)."""
     if not cfg.tie_embeddings:
         return Dense(cfg.vocab_size, ("embed", "vocab"), use_bias=False, dtype=cfg.compute_dtype,
                      param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
@@ -247,6 +298,8 @@ class EncoderDecoder(nn.Module):
     def setup(self):
         cfg = self.config
         self.token_embedder = token_embed(cfg, "token_embedder")
+        encoder_table = (self.token_embedder if cfg.share_input_embeddings
+                         else token_embed(cfg, "encoder_token_embedder"))
         shared = None
         if cfg.share_encoder_decoder:
             if cfg.num_encoder_layers != cfg.num_decoder_layers:
@@ -254,7 +307,8 @@ class EncoderDecoder(nn.Module):
                                  f"num_decoder_layers, got {cfg.num_encoder_layers} and "
                                  f"{cfg.num_decoder_layers}")
             shared = LayerStack(cfg, cfg.num_encoder_layers, name="shared_layers")
-        self.encoder = Encoder(cfg, self.token_embedder, shared, name="encoder")
+        self.encoder = Encoder(cfg, encoder_table, shared, all_layers=cfg.transparent_attention,
+                               name="encoder")
         self.decoder = Decoder(cfg, self.token_embedder, shared, name="decoder")
 
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *,

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from t2t.nn.config import TransformerConfig
+from t2t.nn.stacks import EncoderDecoder
 
 T5_TINY = TransformerConfig(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48,
                             num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0)
@@ -26,3 +27,19 @@ def init(module, *args, **kwargs):
 
 def max_diff(a, b):
     return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+
+
+def decode_encoder_decoder_stepwise(model, params, enc, dec, enc_seg=None):
+    """Encode once, then feed `dec` [b, l] one token at a time through the KV cache (sized
+    from zeroed inputs and another key: only its shapes may matter) -> logits [b, l, vocab]."""
+    encoded = model.apply({"params": params}, enc, enc_seg, method=EncoderDecoder.encode)
+    cache = model.init(jax.random.PRNGKey(7), jnp.zeros_like(enc), dec, enc_seg,
+                       decode=True)["cache"]
+    outs = []
+    for i in range(dec.shape[1]):
+        out, state = model.apply({"params": params, "cache": cache}, encoded, dec[:, i:i + 1],
+                                 enc_seg, decode=True, mutable=["cache"],
+                                 method=EncoderDecoder.decode)
+        cache = state["cache"]
+        outs.append(out)
+    return jnp.concatenate(outs, 1)

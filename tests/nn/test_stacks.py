@@ -7,7 +7,8 @@ import pytest
 from t2t.nn import Decoder, Encoder, EncoderDecoder
 from t2t.nn.config import TransformerConfig
 
-from tests.nn.helpers import BERT_TINY, GPT_TINY, T5_TINY, init, max_diff, tokens
+from tests.nn.helpers import (BERT_TINY, GPT_TINY, T5_TINY, decode_encoder_decoder_stepwise,
+                              init, max_diff, tokens)
 
 LOGICAL_NAMES = {"batch", "length", "embed", "mlp", "heads", "kv", "joined_kv", "vocab",
                  "relpos_buckets", "layers", None}
@@ -48,17 +49,7 @@ def test_encoder_decoder_cached_decoding(scan):
     enc_seg = jnp.array([[1] * 11, [1] * 8 + [0] * 3])
     params = init(model, enc, dec, enc_seg)
     full = model.apply({"params": params}, enc, dec, enc_seg)
-    encoded = model.apply({"params": params}, enc, enc_seg, method=EncoderDecoder.encode)
-    cache = model.init(jax.random.PRNGKey(7), jnp.zeros_like(enc), dec, enc_seg,
-                       decode=True)["cache"]
-    outs = []
-    for i in range(dec.shape[1]):
-        out, state = model.apply({"params": params, "cache": cache}, encoded, dec[:, i:i + 1],
-                                 enc_seg, decode=True, mutable=["cache"],
-                                 method=EncoderDecoder.decode)
-        cache = state["cache"]
-        outs.append(out)
-    assert max_diff(jnp.concatenate(outs, 1), full) < 1e-4
+    assert max_diff(decode_encoder_decoder_stepwise(model, params, enc, dec, enc_seg), full) < 1e-4
 
 
 def _stack_layers(params, n):
