@@ -106,3 +106,12 @@ def test_nn_needs_only_jax_flax_optax():
     import subprocess
     import sys
     subprocess.run([sys.executable, "-c", LIGHT_CHECK], check=True)
+
+
+def test_gin_only_at_the_edge():
+    """gin is imported by the run layer, the ablation grids and the CLI, never the library."""
+    edge = {"run", "ablations", "cli"}
+    offenders = [str(path.relative_to(ROOT.parent)) for path in sorted(ROOT.rglob("*.py"))
+                 if path.relative_to(ROOT).parts[0].removesuffix(".py") not in edge
+                 and any(m == "gin" or m.startswith("gin.") for m in _imports(path))]
+    assert not offenders, offenders

@@ -2,7 +2,6 @@
 comparing the first logged step with the last (whatever accuracies the family logs)."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import math
 from typing import Dict, List, Optional, Sequence
@@ -41,9 +40,12 @@ def plot_metrics(rows: Sequence[Dict], png_path: str, title: str = "") -> Option
     panel; written to `png_path`. None when there is nothing to plot, or no matplotlib
     (the `plots` extra)."""
     logged = train_rows(rows)
-    if not logged or importlib.util.find_spec("matplotlib") is None:
+    if not logged:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
