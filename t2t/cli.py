@@ -303,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "v5e:16x16 (default: the hardware config's TPU_TOPOLOGY)")
     p.add_argument("--num_slices", type=int,
                    help="slices joined over DCN (default: TPU_NUM_SLICES, else 1)")
-    p.add_argument("--step", choices=("train", "finetune"), default="train")
+    p.add_argument("--step", choices=("train", "finetune", "decode"), default="train",
+                   help="decode: greedy decoding with the KV cache (t5, gpt), as t2t infer")
     p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("convert", help="Hugging Face directory or t2t MODEL_DIR -> Hugging "

@@ -28,9 +28,10 @@ from t2t.train import chips as chips_lib
 from t2t.train.chips import TopologyError
 from t2t.train import flops as flops_lib
 from t2t.train import partitioning
-from t2t.train.trainer import Trainer, batch_geometry
+from t2t.train.trainer import Trainer, TrainState, batch_geometry
 
-STEPS = ("train", "finetune")
+STEPS = ("train", "finetune", "decode")
+DECODE_FAMILIES = ("t5", "gpt")   # the families `t2t infer` decodes with a KV cache
 # Macros a run requires and a compile never reads (it writes and restores nothing).
 UNREAD_MACROS = {"MODEL_DIR": "'/nonexistent/t2t-compile-writes-nothing'",
                  "INITIAL_CHECKPOINT": "None"}
@@ -148,8 +149,11 @@ class Report:
         rows += [("total (arguments + outputs + temporaries + code)", self.total_bytes),
                  (f"HBM ({chip.name} datasheet)", self.hbm_bytes)]
         out += [f"  {name:<52}{value / GiB:>9.3f}" for name, value in rows] + [""]
+        uncounted = ("not counted (decoding loops one token at a time; XLA counts a loop body "
+                     "once)" if self.step == "decode" else
+                     "not counted (a scanned model of no pretraining family)")
         xla = (f"XLA {self.xla_flops:.4g} (HLO cost analysis, remat included)"
-               if self.xla_flops else "XLA: not counted (a scanned model of no pretraining family)")
+               if self.xla_flops else f"XLA: {uncounted}")
         out.append(f"FLOPs per step and chip: {xla}"
                    + (f"; model {self.model_flops / self.num_chips:.4g} (t2t.train.flops)"
                       if self.model_flops else ""))
@@ -355,6 +359,50 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
     abstract_batch = trainer.abstract_batch(batch)
     state = trainer.abstract_init(batch)
     lowered = trainer.lower_train_step(state, abstract_batch)
+    return _compiled_report(trainer, batch, state, abstract_batch, lowered, slice_, num_slices,
+                            step, hlo_flops(trainer, batch) or 0.0)
+
+
+def decode_options(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, Any]:
+    """`model.predict`'s options for a compile of decoding: greedy, the target width for
+    T5; for GPT the first half of each row is the prompt and the rest is generated."""
+    if family == "t5":
+        return {"max_decode_length": batch["decoder_target_tokens"].shape[1]}
+    rows, width = batch["decoder_input_tokens"].shape
+    prompt = max(width // 2, 1)
+    return {"max_decode_length": width - prompt,
+            "prompt_lengths": np.full((rows,), prompt, np.int32)}
+
+
+def compile_decode_step(trainer: Trainer, batch: Dict[str, np.ndarray],
+                        slice_: chips_lib.Slice, num_slices: int = 1) -> Report:
+    """Greedy decoding as `t2t infer` and evaluation run it (`model.predict`: encode or
+    prefill once, then one token at a time on the KV cache), for the global `batch`'s rows
+    and lengths, with the parameters sharded as in training; a Report of XLA's memory (the
+    cache is among the temporaries). FLOPs are not counted: XLA's cost analysis counts a
+    loop body once."""
+    family = trainer.model.family
+    if family not in DECODE_FAMILIES:
+        raise TopologyError(f"--step=decode needs a family that decodes "
+                            f"({', '.join(DECODE_FAMILIES)}); this config's is {family!r}")
+    abstract_batch = trainer.abstract_batch(batch)
+    state = trainer.abstract_init(batch)
+    state = TrainState(state.step, state.params, ())      # no optimizer when decoding
+    options = decode_options(family, batch)
+    model = trainer.model
+    decode = jax.jit(lambda params, b: model.predict(params, b, **options),
+                     in_shardings=(trainer.state_shardings.params,
+                                   {k: v.sharding for k, v in abstract_batch.items()}))
+    with partitioning.sharding_context(trainer.mesh, trainer.rules):
+        lowered = decode.lower(state.params, abstract_batch)
+    return _compiled_report(trainer, batch, state, abstract_batch, lowered, slice_, num_slices,
+                            "decode", 0.0, count_model_flops=False)
+
+
+def _compiled_report(trainer: Trainer, batch: Dict[str, np.ndarray], state, abstract_batch,
+                     lowered, slice_: chips_lib.Slice, num_slices: int, step: str,
+                     xla_flops: float, count_model_flops: bool = True) -> Report:
+    """Compile `lowered` for the slice and read its memory (and, given, FLOPs)."""
     state_bytes = {"parameters": _bytes_per_chip(state.params),
                    "optimizer_state": _bytes_per_chip(state.opt_state),
                    "batch": _bytes_per_chip(abstract_batch)}
@@ -373,12 +421,14 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
                                            **batch_geometry(family, batch))
     except ValueError:          # a family the FLOP formula does not cover
         model_flops = 0.0
+    if not count_model_flops:
+        model_flops = 0.0
     return Report(
         step=step, slice=slice_, num_slices=num_slices, mesh=dict(trainer.mesh.shape),
         family=family, num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)),
         batch_shapes={k: tuple(v.shape) for k, v in batch.items()},
         state_bytes=state_bytes, memory=memory, note=note,
-        xla_flops=(hlo_flops(trainer, batch) or 0.0) / num_chips,
+        xla_flops=xla_flops / num_chips,
         model_flops=model_flops,
         largest=largest, compiled=compiled)
 
@@ -397,7 +447,7 @@ def target_from_config(topology: Optional[str], num_slices: Optional[int]
 
 
 def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Report:
-    """The gin-configured `step` ("train", "finetune"), compiled for `num_slices` slices
+    """The gin-configured `step` ("train", "finetune", "decode"), compiled for `num_slices` slices
     of `topology` (e.g. "v5e-256"). A request that cannot work (unknown slice, a mesh that
     does not multiply to its chips, a batch the data axes do not divide) is one
     TopologyError, raised before anything compiles."""
@@ -411,7 +461,7 @@ def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Repo
     devices = chips_lib.topology_devices(slice_, num_slices)
     try:
         with partitioning.target_devices(devices):
-            exp, batch = build(step)
+            exp, batch = build("train" if step == "decode" else step)
         trainer = exp.trainer
         trainer.abstract_batch(batch)           # checks the batch divides the data axes
         trainer.abstract_init(batch)            # and every parameter its mesh axes
@@ -421,6 +471,8 @@ def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Repo
                 word in message for word in ("mesh", "divisible", "DCN", "devices")):
             raise
         raise TopologyError(f"{message} (on {where}: {len(devices)} chips)") from None
+    if step == "decode":
+        return compile_decode_step(trainer, batch, slice_, num_slices)
     return compile_train_step(trainer, batch, slice_, num_slices, step)
 
 

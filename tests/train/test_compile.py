@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from t2t import cli
-from t2t.train import chips, flops
+from t2t.train import chips, flops, partitioning
 
 from t2t.run import aot
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -46,11 +46,11 @@ def _run(capsys, args):
     return code, out.strip().splitlines(), err
 
 
-def _compile(family, hardware, *extra):
+def _compile(family, hardware, *extra, step="train"):
     """aot.compile_for as `t2t compile` calls it, returning the Report."""
     bindings, rest = cli._gin_args(_args(family, hardware, *extra)[1:])
     aot.parse_gin([a.split("=", 1)[1] for a in rest], bindings)
-    return aot.compile_for(*aot.target_from_config(None, None))
+    return aot.compile_for(*aot.target_from_config(None, None), step=step)
 
 
 # ----------------------------------------------------------------------------- no compile
@@ -188,3 +188,28 @@ def test_every_hardware_config_compiles_and_fits(family, hardware):
     rows = next(iter(batch_in.values())).shard_shape((128, 8))[0]
     assert rows == 128 // (mesh["data"] * mesh["fsdp"])
     assert report.memory["arguments"] >= report.state_bytes["parameters"] > 0
+
+
+@needs_libtpu
+def test_t5_decoding_compiles_with_the_training_shardings():
+    """--step=decode: `model.predict` (encode once, then the KV cache) for the training
+    batch, parameters sharded as in training, no optimizer state."""
+    report = _compile("t5", "tpu_v5e_8", step="decode")
+    out = report.lines()
+    assert out[0].startswith("decode step of t5") and VERDICT.match(out[-1]) and report.fits
+    assert report.state_bytes["optimizer_state"] == 0 < report.state_bytes["parameters"]
+    assert any("not counted (decoding loops one token at a time" in l for l in out)
+    devices = chips.topology_devices(chips.parse("v5e-8"))
+    with partitioning.target_devices(devices):       # the training step's shardings
+        exp, batch = aot.build("train")
+    exp.trainer.abstract_init(batch)
+    spec = lambda tree: jax.tree.map(lambda s: s.spec, tree)  # noqa: E731
+    assert spec(report.compiled.input_shardings[0][0]) == spec(
+        exp.trainer.state_shardings.params)
+
+
+@needs_libtpu
+def test_decoding_an_encoder_is_one_line(capsys):
+    code, out, err = _run(capsys, _args("bert", "tpu_v5e_8", "--step=decode"))
+    assert code == 2 and out == []
+    assert "--step=decode needs a family that decodes (t5, gpt); this config's is 'bert'" in err
