@@ -10,6 +10,7 @@ from jax import lax
 
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.linformer import LowRankKeys
 from t2t.nn.position import apply_rotary
 from t2t.nn.residual import fixup_bias, fixup_init
 from t2t.nn.synthesizer import SyntheticLogits, mix_logits, uses_dot_product
@@ -105,6 +106,7 @@ class MultiHeadAttention(nn.Module):
     decode: bool = False
     use_prefix: bool = False   # prefix tuning: `config.prefix_length` learned key/value slots
     synthetic: bool = False    # `config.synthesizer` logits (self-attention; synthesizer.py)
+    low_rank: bool = False     # Linformer: keys/values projected along the length (linformer.py)
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -151,6 +153,9 @@ class MultiHeadAttention(nn.Module):
             k, v = self._update_cache(v if k is None else k, v, decode_index)
         if self.use_prefix and cfg.prefix_length:
             k, v, mask, bias = self._prepend_prefix(k, v, mask, bias)
+        if self.low_rank and cfg.linformer_k:          # [b, n, h, d] -> [b, k, h, d]
+            k, v = LowRankKeys(cfg, name="linformer")(k, v, mask)
+            mask = None                                # every query sees the k mixed slots
 
         dropout_rng = None
         if not self.deterministic and cfg.attn_dropout_rate > 0.0:

@@ -40,6 +40,7 @@ class TransformerLayer(nn.Module):
     scanned: bool = False
     moe: bool = False
     pkm: bool = False
+    linformer: bool = False   # self-attention keys/values projected n -> k (linformer.py)
 
     def setup(self):
         cfg = self.config
@@ -47,7 +48,7 @@ class TransformerLayer(nn.Module):
             cfg, deterministic=self.deterministic, decode=decode, use_prefix=prefix, name=name,
             **kw)
         self.self_attention = attn("self_attention", self.decode, True,
-                                   synthetic=cfg.synthesizer != "none")
+                                   synthetic=cfg.synthesizer != "none", low_rank=self.linformer)
         self.cross_attention = attn("cross_attention", False)
         ffn = MoeBlock if self.moe else ProductKeyMemory if self.pkm else MlpBlock
         self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")

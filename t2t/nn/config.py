@@ -119,6 +119,8 @@ class TransformerConfig:
     universal_act: bool = False       # adaptive computation time (halting per position)
     universal_act_threshold: float = 0.99  # halt once the summed probability passes this
     universal_ponder_weight: float = 0.01  # ponder cost's weight in the loss
+    linformer_k: int = 0              # Linformer (Wang et al. 2020): encoder self-attention keys
+    #   and values projected along the length to k (t2t/nn/linformer.py); 0 = off
 
     # Narang et al. 2021 ("Do Transformer Modifications Transfer?"), sharing and embeddings.
     share_layers_in: str = "both"     # with share_layers: "both" stacks, "encoder", "decoder"
@@ -205,6 +207,9 @@ class TransformerConfig:
         if self.universal_steps:
             from t2t.nn.universal import check_universal_config
             check_universal_config(self)
+        if self.linformer_k:
+            from t2t.nn.linformer import check_linformer_config
+            check_linformer_config(self)
 
     @property
     def compute_dtype(self):

@@ -61,6 +61,7 @@ class LayerStack(nn.Module):
                  return_all=False):
         cfg = self.config
         shared = cfg.share_layers and cfg.share_layers_in in ("both", self.stack)
+        linformer = self.stack == "encoder" and cfg.linformer_k > 0   # t2t/nn/linformer.py
         if self_bias is not None and not decode and self.num_layers > 1:
             # One bias shared by every layer (T5's relative positions) is broadcast over the
             # batch once, here: its gradient then sums the layers' [b, h, q, k] cotangents
@@ -79,7 +80,7 @@ class LayerStack(nn.Module):
                               in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
                               metadata_params={nn.PARTITION_NAME: "layers"})
             x, _ = scanned(cfg, deterministic, decode, scanned=True,      # moe_every is 1
-                           moe=is_moe_layer(cfg, 0), name="layer")(x, *args)
+                           moe=is_moe_layer(cfg, 0), linformer=linformer, name="layer")(x, *args)
             return x
         cls = _layer_class(cfg, scanned=False)
         states = [x]
@@ -87,9 +88,11 @@ class LayerStack(nn.Module):
         for i in range(self.num_layers):
             if not shared:
                 layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i),
-                            pkm=is_pkm_layer(cfg, i, self.stack), name=f"layer_{i}")
+                            pkm=is_pkm_layer(cfg, i, self.stack), linformer=linformer,
+                            name=f"layer_{i}")
             elif layer is None:
-                layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, 0), name="layer")
+                layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, 0),
+                            linformer=linformer, name="layer")
             x = layer(x, layer_memory(encoded, i), *args[1:])
             states.append(x)
         if return_all:

@@ -84,8 +84,9 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     """Forward FLOPs of ONE example, split into ``dense``, ``attention``, ``logits``.
 
     ``causal`` applies to decoder self-attention (default True; False for a fully
-    bidirectional count); the encoder is never causal. ELMo (family ``elmo``, an
-    ``ElmoConfig``, ``target_length`` tokens): :func:`elmo_forward_flops`.
+    bidirectional count); the encoder is never causal. Layers are counted as dot-product
+    attention and dense FFNs (the Universal Transformer's steps as layers). ELMo (family
+    ``elmo``, an ``ElmoConfig``, ``target_length`` tokens): :func:`elmo_forward_flops`.
     """
     if family == "elmo":
         _lengths("decoder", None, target_length)     # ELMo's length is the target length
@@ -95,16 +96,19 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     d, a, f, v = config.d_model, config.num_heads * config.head_dim, config.d_ff, config.vocab_size
     per_token_layer = 2 * (4 * d * a + (len(config.mlp_activations) + 1) * d * f)
     causal_factor = 0.5 if (True if causal is None else causal) else 1.0
+    # a Universal Transformer runs its one layer `universal_steps` times per stack
+    n_enc = config.universal_steps or config.num_encoder_layers
+    n_dec = config.universal_steps or config.num_decoder_layers
     dense = attention = 0.0
     if family in ("encoder", "encoder_decoder"):
-        dense += config.num_encoder_layers * s * per_token_layer
-        attention += config.num_encoder_layers * 4 * s * s * a
+        dense += n_enc * s * per_token_layer
+        attention += n_enc * 4 * s * s * a
     if family in ("decoder", "encoder_decoder"):
-        dense += config.num_decoder_layers * t * per_token_layer
-        attention += config.num_decoder_layers * 4 * t * t * a * causal_factor
+        dense += n_dec * t * per_token_layer
+        attention += n_dec * 4 * t * t * a * causal_factor
     if family == "encoder_decoder":
-        dense += config.num_decoder_layers * 2 * 2 * d * a * (t + s)
-        attention += config.num_decoder_layers * 4 * t * s * a
+        dense += n_dec * 2 * 2 * d * a * (t + s)
+        attention += n_dec * 4 * t * s * a
     if family == "encoder":
         positions = s if num_masked is None else num_masked
     else:

@@ -122,3 +122,11 @@ def test_bad_universal_options_are_one_line_config_errors():
         CFG.replace(universal_act_threshold=1.5)
     with pytest.raises(ConfigError, match="scan_layers=False"):
         CFG.replace(scan_layers=True)
+
+
+def test_flops_count_each_step_as_a_layer():
+    from t2t.train.flops import forward_flops_breakdown
+    lengths = dict(input_length=8, target_length=4)
+    unrolled = CFG.replace(universal_steps=0, num_encoder_layers=4, num_decoder_layers=4)
+    assert (forward_flops_breakdown(CFG, "t5", **lengths)
+            == forward_flops_breakdown(unrolled, "t5", **lengths))
