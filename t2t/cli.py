@@ -27,13 +27,13 @@ def _parse_gin(args, required=("MODEL_DIR",)) -> None:
 
 def _model_from_gin(gin_files: List[str], bindings: List[str]):
     from t2t.run import gin_utils
-    from t2t.run.configurables import TransformerConfig
+    from t2t.run.configurables import model_config
     gin_utils.parse(gin_files, bindings)
     gin_utils.check_bindings(bindings, required=())
     family = gin_utils.query_macro("MODEL_FAMILY")
     if family is None:
         raise SystemExit(f"{gin_files}: no MODEL_FAMILY macro; include a configs/models/* file")
-    return family, TransformerConfig()
+    return family, model_config(family)
 
 
 def cmd_params(args) -> int:
@@ -223,6 +223,7 @@ def cmd_ablate(args) -> int:
         for cell in cells:
             print(f"{cell.key:40s} {cell.label}")
         return 0
+    report.check_plotting()
     if not args.render_only:
         runner.run_grid(grid, args.out_dir, cells, seeds, args.shard)
     command = " ".join([f"t2t ablate {args.grid} --scale={args.scale}"]

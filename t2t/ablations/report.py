@@ -12,6 +12,7 @@ import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from t2t.ablations.grid import Grid
+from t2t.errors import UserError
 
 Results = Dict[str, List[Dict[str, Any]]]   # cell key -> result per seed
 
@@ -177,6 +178,15 @@ def compute_table(grid: Grid, results: Results) -> str:
             f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"
             + _copied([s for r in found for s in r["finetune"].values()])]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def check_plotting() -> None:
+    """`t2t ablate` ends by drawing its chart: say before any cell runs if it cannot."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("t2t ablate draws each table's chart with matplotlib, which is not "
+                        "installed: pip install 't2t[plots]'") from None
 
 
 def plot(grid: Grid, results: Results, path: str) -> str:

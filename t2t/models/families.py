@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t2t.data.characters import MAX_CHARS
 from t2t.models.base import LossConfig, Model
 from t2t.models.bert import BertModel, BertPretrainingModel
 from t2t.models.distill import DistillationModel
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
+from t2t.models.elmo import BiLM, ElmoModel
 from t2t.models.gpt import DecoderOnlyModel
 from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
 from t2t.models.t5 import EncoderDecoderModel
@@ -39,13 +41,15 @@ def make_module(family: str, config: TransformerConfig) -> nn.Module:
         return Decoder(config)
     if family == "xlnet":        # Transformer-XL backbone and tied LM head (t2t/models/xlnet.py)
         return XLNet(config)
+    if family == "elmo":         # the biLM; `config` is an ElmoConfig (t2t/models/elmo.py)
+        return BiLM(config)
     raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
 
 
 MODEL_CLASSES: Dict[str, Callable[..., Model]] = {
     "bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
     "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel,
-    "distill": DistillationModel, "xlnet": XLNetPretrainingModel}
+    "distill": DistillationModel, "xlnet": XLNetPretrainingModel, "elmo": ElmoModel}
 
 
 def make_model(family: str, config: TransformerConfig, loss: LossConfig | None = None,
@@ -80,6 +84,9 @@ def example_inputs(family: str, batch: int = 2, length: int = 16,
                 "decoder_input_tokens": tokens(target_length)}
     if family == "gpt":
         return {"decoder_input_tokens": tokens(length)}
+    if family == "elmo":         # parameter shapes do not depend on the characters a token
+        return {"token_ids": tokens(length), "char_ids": jnp.ones((batch, length, MAX_CHARS),
+                                                                  jnp.int32)}
     raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Dict
 import gin
 
 from t2t.data.catalog import paper
-from t2t.models import base, distill, electra, lightweight, spanbert
+from t2t.models import base, distill, electra, elmo, lightweight, spanbert
 from t2t.nn import config as nn_config
 from t2t.train import optimizers, partitioning, trainer
 
@@ -38,6 +38,7 @@ TransformerConfig = _register(nn_config.TransformerConfig)
 TrainConfig = _register(trainer.TrainConfig)
 MeshConfig = _register(partitioning.MeshConfig)
 LossConfig = _register(base.LossConfig)
+ElmoConfig = _register(elmo.ElmoConfig)
 make_schedule = _register(optimizers.make_schedule)
 make_optimizer = _register(optimizers.make_optimizer)
 
@@ -57,6 +58,12 @@ wrap_model = _register(lightweight.wrap, name="wrap")
 # registered here read `t5_vocabulary.path` / `bert_vocabulary.path` from gin.
 paper.VOCABULARY_PROVIDERS.update(
     t5=_register(paper.t5_vocabulary), bert=_register(paper.bert_vocabulary))
+
+
+def model_config(family: str):
+    """The gin-bound config of a model family: `ElmoConfig` for 'elmo', else
+    `TransformerConfig`."""
+    return ElmoConfig() if family == "elmo" else TransformerConfig()
 
 
 def make_mesh(devices=None):

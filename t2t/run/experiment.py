@@ -18,10 +18,12 @@ import numpy as np
 import t2t.data.catalog.paper  # noqa: F401  registers the C4 and benchmark tasks
 from t2t import storage
 from t2t.data import converters as conv
+from t2t.data.characters import ElmoConverter
 from t2t.data import tasks as tasks_lib
 from t2t.models.families import make_model
 from t2t import precision
 from t2t.run import configurables as configured
+from t2t.run import elmo as elmo_run
 from t2t.train import curves
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
 from t2t.run.configurables import configurable
@@ -33,6 +35,7 @@ CONVERTERS = {
     "lm": conv.LMConverter,
     "prefix_lm": conv.PrefixLMConverter,
     "encoder": conv.EncoderConverter,
+    "elmo": ElmoConverter,
 }
 # Objective gin names (configs/objectives) -> the task suffix registered for each corpus.
 OBJECTIVE_TASKS = {"span_3_15_u_u": "span_corruption", "causal_lm": "lm",
@@ -54,6 +57,8 @@ def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[st
 
 def default_converter(family: str, objective: Optional[str]) -> str:
     """t5: encoder-decoder; bert: encoder; gpt: LM, or prefix LM for inputs->targets tasks."""
+    if family == "elmo":         # one sentence a row (t2t.data.characters.ElmoConverter)
+        return "elmo"
     if family == "t5":
         return "encoder_decoder"
     if family == "bert":
@@ -104,7 +109,7 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
     vocab = first_task.vocabulary if vocab_size_from_task else None
-    model_cfg = configured.TransformerConfig()
+    model_cfg = configured.model_config(family)
     if vocab is not None and model_cfg.vocab_size != vocab.padded_vocab_size:
         _log.info("vocab_size %d -> %d (the task's vocabulary, padded to 128)",
                   model_cfg.vocab_size, vocab.padded_vocab_size)
@@ -148,11 +153,12 @@ def operative_config(exp: Experiment) -> str:
     """The operative gin config (every value the run uses, defaults included), noting a
     vocab size the task's vocabulary replaced."""
     config_str = gin.operative_config_str()
-    model_cfg, bound = exp.trainer.model.config, configured.TransformerConfig()
+    model_cfg = exp.trainer.model.config
+    bound = configured.model_config(exp.trainer.model.family)
     if model_cfg.vocab_size != bound.vocab_size:
-        config_str += (f"\n# TransformerConfig.vocab_size {bound.vocab_size} was replaced by "
-                       f"{model_cfg.vocab_size}: the task vocabulary's padded size.\n")
-    if _bound_dtype() == "auto":
+        config_str += (f"\n# {type(bound).__name__}.vocab_size {bound.vocab_size} was replaced "
+                       f"by {model_cfg.vocab_size}: the task vocabulary's padded size.\n")
+    if _bound_dtype() == "auto" and exp.trainer.model.family != "elmo":
         config_str += (f"\n# TransformerConfig.dtype 'auto' resolved to {model_cfg.dtype!r} on "
                        f"this host: {precision.auto_choice().describe()}.\n")
     return config_str
@@ -185,8 +191,9 @@ def run() -> TrainResult:
     config_str = write_operative_config(exp)
     result = fit(exp.trainer, exp.data(), config_str=config_str,
                  eval_data_fn=exp.eval_data if exp.eval_task is not None else None)
+    lines = elmo_run.after_pretraining(exp, result)   # ELMo: the downstream scalar mix
     if jax.process_index() == 0:
-        print(summary(exp, result))
+        print("\n".join([summary(exp, result), *lines]))
     return result
 
 
@@ -200,7 +207,7 @@ def run_metrics(model_dir: str) -> list:
 def example_prediction(exp: Experiment, params, index: int = 0) -> Optional[Dict[str, str]]:
     """The model's greedy output for the first example made from source record `index`
     (e.g. a span-corrupted verse), decoded to text; None for families without decoding."""
-    if exp.trainer.model.family == "bert" or isinstance(exp.task, tasks_lib.Mixture):
+    if exp.trainer.model.family in ("bert", "elmo") or isinstance(exp.task, tasks_lib.Mixture):
         return None
     seed = (exp.trainer.config.seed, 0, index)
     examples = exp.task.preprocess(exp.task.source[index], seed, exp.converter.lengths)

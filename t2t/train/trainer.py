@@ -233,6 +233,8 @@ def batch_geometry(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, int]:
         geometry["input_length"] = batch["encoder_input_tokens"].shape[1]
     if "decoder_input_tokens" in batch:
         geometry["target_length"] = batch["decoder_input_tokens"].shape[1]
+    if "token_ids" in batch:      # ELMo's biLM reads and predicts every token
+        geometry["target_length"] = batch["token_ids"].shape[1]
     if "masked_positions" in batch:
         geometry["num_masked"] = batch["masked_positions"].shape[1]
     elif family == "bert":

@@ -187,3 +187,15 @@ def test_average_columns_need_every_task_of_their_group():
     with pytest.raises(ValueError, match="averages or task_finetune name tasks not in"):
         grid_lib.make_scale("s", {"pretrain": [], "finetune": [], "tasks": {"a": "x"},
                                   "averages": {"G": ["z"]}})
+
+
+def test_without_matplotlib_ablate_stops_before_any_cell(tmp_path, monkeypatch, capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # `import matplotlib` fails
+    path = tmp_path / "micro.gin"
+    path.write_text(GRID)
+    code = main(["ablate", str(path), "--scale=tiny", f"--out_dir={tmp_path / 'runs'}",
+                 f"--docs_dir={tmp_path / 'docs'}"])
+    assert code == 2 and not (tmp_path / "runs").exists()
+    assert "t2t ablate draws each table's chart with matplotlib, which is not installed: " \
+           "pip install 't2t[plots]'" in capsys.readouterr().err
