@@ -182,19 +182,26 @@ def cmd_convert(args) -> int:
     DistilBERT, GPT-2, T5) read and written back by t2t, or a t2t MODEL_DIR (its config.gin
     and latest checkpoint) written as Hugging Face `--model_type` directories."""
     from t2t.convert import pretrained as hf_pretrained
+    families = ", ".join(hf_pretrained.SUPPORTED)
+    if not os.path.isdir(args.src):
+        raise UserError(f"{args.src!r} does not exist or is not a directory (expected a "
+                        "Hugging Face model directory or a t2t MODEL_DIR)")
     if os.path.isfile(os.path.join(args.src, "config.json")):
         models = {"model": hf_pretrained.load_pretrained(args.src)}
     else:
         from t2t.run import configurables as configured
         from t2t.run import gin_utils
         from t2t.run.finetune import restore_params
-        if not args.model_type:
-            raise UserError(f"{args.src!r} is a t2t MODEL_DIR: name the Hugging Face family "
-                            f"with --model_type ({', '.join(hf_pretrained.SUPPORTED)})")
         config_gin = os.path.join(args.src, "config.gin")
         if not os.path.exists(config_gin):
             raise UserError(f"{args.src!r} has neither config.json (Hugging Face) nor "
                             "config.gin (a t2t MODEL_DIR)")
+        if not args.model_type:
+            raise UserError(f"{args.src!r} is a t2t MODEL_DIR: name the Hugging Face family "
+                            f"with --model_type ({families})")
+        if args.model_type not in hf_pretrained.SUPPORTED:
+            raise UserError(f"--model_type {args.model_type!r} is not supported; choose one "
+                            f"of {families}")
         gin_utils.parse([config_gin], [])
         params = restore_params(args.src, step=args.step)
         vocab = params["token_embedder"]["embedding"].shape[0]
@@ -209,6 +216,15 @@ def cmd_convert(args) -> int:
         import jax
         count = sum(x.size for x in jax.tree.leaves(model.params))
         print(f"{out}: {model.architecture} ({model.model_type}), {count:,d} parameters")
+    return 0
+
+
+def cmd_mlm_eval(args) -> int:
+    """`t2t mlm_eval RUN...`: BERT and its successors compared on the same masked tokens
+    (t2t/run/encoder_eval.py)."""
+    from t2t.run import encoder_eval
+    encoder_eval.evaluate_runs(args.model_dirs, args.task, args.batches, args.finetune,
+                               args.finetune_steps, args.seed, args.json)
     return 0
 
 
@@ -316,6 +332,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "distilbert, gpt2 or t5")
     p.add_argument("--step", type=int, help="for a MODEL_DIR: checkpoint step (latest)")
     p.set_defaults(func=cmd_convert)
+    p = sub.add_parser("mlm_eval", help="held-out MLM loss (and, with --finetune, "
+                       "downstream accuracy) of encoder pretraining runs, on equal terms")
+    p.add_argument("model_dirs", nargs="+", help="t2t encoder pretraining MODEL_DIRs")
+    p.add_argument("--task", default="bible_web_roberta_validation",
+                   help="held-out MLM task; its masking is fixed, the same for every run")
+    p.add_argument("--batches", type=int, default=20, help="batches of 32 x 128 to score")
+    p.add_argument("--finetune", action="store_true", help="also fine-tune each encoder "
+                   "briefly on bible_paraphrase_kjv_web and report its accuracy")
+    p.add_argument("--finetune_steps", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0, help="the fine-tuning's seed")
+    p.add_argument("--json", metavar="FILE", help="also write {model_dir: metrics} as JSON")
+    p.set_defaults(func=cmd_mlm_eval)
     sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
     sub.add_parser("launch", help="run a command on Cloud TPU slices (t2t launch --help)")
     return parser

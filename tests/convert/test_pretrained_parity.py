@@ -12,7 +12,8 @@ import transformers  # noqa: E402  (the test extra: never skipped)
 
 from t2t.convert import hf as convert  # noqa: E402
 from t2t.convert.pretrained import PretrainedError, pretrained, roberta_positions  # noqa: E402
-from tests.convert.helpers import perturb  # noqa: E402
+from tests.convert.helpers import hf_logits as _hf_logits  # noqa: E402
+from tests.convert.helpers import padded_batch, perturb  # noqa: E402
 
 TOL = 1e-5
 V, L = 96, 24
@@ -52,18 +53,7 @@ KINDS = list(_models())
 
 
 def _batch(pad_id):
-    rng = np.random.RandomState(0)
-    ids = rng.randint(3, V, (3, L)).astype(np.int64)
-    mask = np.ones_like(ids)
-    mask[1, 17:] = 0
-    mask[2, 5:] = 0
-    return np.where(mask == 1, ids, pad_id), mask
-
-
-def _hf_logits(model, ids, mask):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
-    return out.logits.numpy() if hasattr(out, "logits") else out.prediction_logits.numpy()
+    return padded_batch(3, V, L, pad_id)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -133,7 +123,7 @@ def _write(path, config=None, weights=True):
     (None, "has no config.json"),
     ("{not json", "not valid JSON"),
     ({"hidden_size": 4}, "has no 'model_type'"),
-    ({"model_type": "xlnet"}, "model_type 'xlnet' is not supported"),
+    ({"model_type": "reformer"}, "model_type 'reformer' is not supported"),
     ({"model_type": "roberta", "hidden_size": 8}, "has no 'num_attention_heads'"),
     ({"model_type": "albert", "num_hidden_groups": 2, "hidden_size": 8, "num_attention_heads": 2,
       "vocab_size": 9, "intermediate_size": 8, "num_hidden_layers": 2}, "num_hidden_groups=2"),
@@ -155,8 +145,8 @@ def test_not_a_directory_and_no_head(tmp_path):
     m = convert.load_pretrained(tmp_path / "bare")
     with pytest.raises(PretrainedError, match="no MLM head"):
         m.logits(np.ones((1, 4), np.int32))
-    with pytest.raises(PretrainedError, match="'xlnet' is not supported"):
-        pretrained("xlnet", m.config, m.params)
+    with pytest.raises(PretrainedError, match="'reformer' is not supported"):
+        pretrained("reformer", m.config, m.params)
 
 
 def test_electra_pretraining_tree_exports_both_models(tmp_path):
