@@ -78,7 +78,8 @@ class _Step(nn.Module):
         if not cfg.universal_act:
             return (transformed, transformed, halting, remainders, n_updates, halted), None
         p = jax.nn.sigmoid(nn.Dense(1, dtype=jnp.float32, param_dtype=cfg.params_dtype,
-                                    bias_init=nn.initializers.ones,
+                                    bias_init=nn.with_logical_partitioning(
+                                        nn.initializers.ones, (None,)),
                                     kernel_init=nn.with_logical_partitioning(
                                         nn.initializers.lecun_normal(), ("embed", None)),
                                     name="halting")(state.astype(jnp.float32))[..., 0])
