@@ -76,6 +76,28 @@ def elmo_forward_flops(config, length: int) -> dict[str, float]:
             "logits": float(length * 2 * 2 * p * config.vocab_size)}
 
 
+def _synthesizer_delta(config: TransformerConfig, n: int, causal_factor: float
+                        ) -> tuple[float, float]:
+    """(dense, attention) FLOPs a synthesizer self-attention (t2t/nn/synthesizer.py) adds to
+    one dot-product self-attention layer over n tokens (negative where it saves): the plain
+    variants drop the query/key projections (2 x 2·d·a per token) and q·kᵀ (2·n²·a); dense
+    adds W1 (2·d·a per token) and W2 (2·a·n per token), factorized R1·R2ᵀ (2·n²·k·heads)."""
+    kind = config.synthesizer
+    if kind == "none":
+        return 0.0, 0.0
+    d, a = config.d_model, config.num_heads * config.head_dim
+    dense = attention = 0.0
+    if "_plus" not in kind:
+        dense -= 2 * 2 * d * a * n
+        attention -= 2 * n * n * a * causal_factor
+    if kind.startswith("dense"):
+        dense += 2 * d * a * n
+        attention += 2 * a * n * n * causal_factor
+    elif kind.startswith("factorized"):
+        attention += 2 * n * n * config.synthesizer_rank * config.num_heads * causal_factor
+    return dense, attention
+
+
 def forward_flops_breakdown(config: TransformerConfig, family: str, *,
                             input_length: Optional[int] = None,
                             target_length: Optional[int] = None,
@@ -85,7 +107,8 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
 
     ``causal`` applies to decoder self-attention (default True; False for a fully
     bidirectional count); the encoder is never causal. Layers are counted as dot-product
-    attention and dense FFNs (the Universal Transformer's steps as layers). ELMo (family
+    attention and dense FFNs (the Universal Transformer's steps as layers; synthesizer
+    self-attention by `_synthesizer_delta`). ELMo (family
     ``elmo``, an ``ElmoConfig``, ``target_length`` tokens): :func:`elmo_forward_flops`.
     """
     if family == "elmo":
@@ -103,9 +126,13 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     if family in ("encoder", "encoder_decoder"):
         dense += n_enc * s * per_token_layer
         attention += n_enc * 4 * s * s * a
+        dense, attention = (x + n_enc * y for x, y in zip(
+            (dense, attention), _synthesizer_delta(config, s, 1.0)))
     if family in ("decoder", "encoder_decoder"):
         dense += n_dec * t * per_token_layer
         attention += n_dec * 4 * t * t * a * causal_factor
+        dense, attention = (x + n_dec * y for x, y in zip(
+            (dense, attention), _synthesizer_delta(config, t, causal_factor)))
     if family == "encoder_decoder":
         dense += n_dec * 2 * 2 * d * a * (t + s)
         attention += n_dec * 4 * t * s * a

@@ -93,3 +93,18 @@ def test_lengths_beyond_the_table_and_bad_options_are_one_line_errors():
         T5_TINY.replace(synthesizer="sparse")
     with pytest.raises(ConfigError, match="prefix_length=0"):
         T5_TINY.replace(synthesizer="dense", prefix_length=2)
+
+
+def test_flops_drop_the_dot_product_where_the_variant_has_none():
+    from t2t.train.flops import forward_flops_breakdown
+    lengths = dict(input_length=8, target_length=4)
+    base = forward_flops_breakdown(T5_TINY, "t5", **lengths)
+    d, a, layers = T5_TINY.d_model, T5_TINY.num_heads * T5_TINY.head_dim, 2
+    random = forward_flops_breakdown(T5_TINY.replace(synthesizer="random"), "t5", **lengths)
+    # encoder (8 tokens, bidirectional) and decoder (4 tokens, causal half): no q, k, q·kᵀ
+    assert base["dense"] - random["dense"] == layers * 4 * d * a * (8 + 4)
+    assert base["attention"] - random["attention"] == layers * 2 * a * (8 * 8 + 0.5 * 4 * 4)
+    plus = forward_flops_breakdown(T5_TINY.replace(synthesizer="random_plus"), "t5", **lengths)
+    assert plus == base
+    dense = forward_flops_breakdown(T5_TINY.replace(synthesizer="dense"), "t5", **lengths)
+    assert dense["dense"] - random["dense"] == layers * 2 * d * a * (8 + 4)
