@@ -439,9 +439,11 @@ def freeze(tx: optax.GradientTransformation,
     """`tx` on the trainable leaves; frozen leaves get zero updates and no optimizer state.
 
     `frozen`: top-level module names (e.g. ("token_embedder", "encoder")) or a predicate on
-    the '/'-joined parameter path. `tx` sees the tree with frozen leaves as empty arrays
-    (the structure and paths kept, so path-based masks such as weight-decay masks still
-    apply, and the moments of trainable leaves keep their parameters' shardings). For trees
+    the '/'-joined parameter path. `tx` sees the tree with frozen leaves as
+    `optax.MaskedNode()` (empty nodes: the structure and paths kept, so path-based masks
+    such as weight-decay masks still apply, the moments of trainable leaves keep their
+    parameters' shardings, and the state holds no zero-size arrays, which orbax refuses to
+    checkpoint). For trees
     that keep frozen parts in-tree (fine-tuning runs, checkpoint compatibility); the
     `_FrozenBase` wrappers keep them out of the tree altogether.
     """
@@ -451,10 +453,10 @@ def freeze(tx: optax.GradientTransformation,
         names = tuple(frozen)
         is_frozen = lambda path: path.split("/")[0] in names  # noqa: E731
 
-    def trainable(tree):   # frozen leaves -> empty arrays: same structure, no state
+    def trainable(tree):   # frozen leaves -> empty nodes: same paths, no state
         def one(path, x):
             name = jax.tree_util.keystr(path, simple=True, separator="/")
-            return jnp.zeros((0,), x.dtype) if path and is_frozen(name) else x
+            return optax.MaskedNode() if path and is_frozen(name) else x
         return jax.tree_util.tree_map_with_path(one, tree)
 
     def init_fn(params):
@@ -463,7 +465,7 @@ def freeze(tx: optax.GradientTransformation,
     def update_fn(updates, state, params=None):
         sub, state = tx.update(trainable(updates), state,
                                None if params is None else trainable(params))
-        return jax.tree.map(lambda s, u: s if s.shape == u.shape else jnp.zeros_like(u),
-                            sub, updates), state
+        return jax.tree.map(lambda u, s: jnp.zeros_like(u) if isinstance(s, optax.MaskedNode)
+                            else s, updates, sub), state
 
     return optax.GradientTransformation(init_fn, update_fn)
