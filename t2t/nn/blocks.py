@@ -16,6 +16,7 @@ import jax
 from t2t.nn.adapter import Adapter
 from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
+from t2t.nn.lightweight_conv import ConvolutionBlock
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.moe import MoeBlock
 from t2t.nn.norms import make_norm
@@ -40,6 +41,7 @@ class TransformerLayer(nn.Module):
     scanned: bool = False
     moe: bool = False
     pkm: bool = False
+    causal: bool = False      # a decoder layer: its convolution looks back only
     linformer: bool = False   # self-attention keys/values projected n -> k (linformer.py)
 
     def setup(self):
@@ -47,8 +49,13 @@ class TransformerLayer(nn.Module):
         attn = lambda name, decode, prefix=False, **kw: MultiHeadAttention(  # noqa: E731
             cfg, deterministic=self.deterministic, decode=decode, use_prefix=prefix, name=name,
             **kw)
-        self.self_attention = attn("self_attention", self.decode, True,
-                                   synthetic=cfg.synthesizer != "none", low_rank=self.linformer)
+        if cfg.convolution != "none":     # Wu et al. 2019 in place of self-attention
+            self.self_attention = ConvolutionBlock(cfg, self.deterministic, self.decode,
+                                                   self.causal, name="self_attention")
+        else:
+            self.self_attention = attn("self_attention", self.decode, True,
+                                       synthetic=cfg.synthesizer != "none",
+                                       low_rank=self.linformer)
         self.cross_attention = attn("cross_attention", False)
         ffn = MoeBlock if self.moe else ProductKeyMemory if self.pkm else MlpBlock
         self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")

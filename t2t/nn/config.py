@@ -16,6 +16,7 @@ KERNEL_INITS = ("variance_scaling", "normal")
 DTYPES = ("float32", "bfloat16", "auto")
 SHARE_LAYERS_IN = ("both", "encoder", "decoder")
 OUTPUT_LAYERS = ("softmax", "adaptive_softmax", "mixture_of_softmaxes")
+CONVOLUTIONS = ("none", "lightweight", "dynamic")
 RESIDUAL_SCALINGS = ("none", "rezero", "fixup")
 SYNTHESIZERS = ("none", "dense", "dense_plus", "dense_plus_alpha", "factorized", "random",
                 "random_plus", "random_plus_alpha")
@@ -143,6 +144,9 @@ class TransformerConfig:
     pkm_key_dim: int = 256            # query width (two halves of d_k / 2)
     pkm_heads: int = 4
     pkm_topk: int = 32
+    convolution: str = "none"         # Wu et al. 2019 in place of self-attention: lightweight |
+    #   dynamic (t2t/nn/lightweight_conv.py); "none" = attention
+    conv_kernel_size: int = 9         # k (Narang et al. appendix B: width 9)
 
     def __post_init__(self):
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
@@ -193,6 +197,10 @@ class TransformerConfig:
         if self.pkm_layers:
             from t2t.nn.product_key import check_pkm_config
             check_pkm_config(self)
+        _check_choice("convolution", self.convolution, CONVOLUTIONS)
+        if self.convolution != "none":
+            from t2t.nn.lightweight_conv import check_convolution_config
+            check_convolution_config(self)
 
     def _check_part_a_options(self) -> None:
         """Residual scaling, synthesizer, Universal Transformer and Linformer options."""

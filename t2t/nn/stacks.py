@@ -4,6 +4,7 @@ EncoderDecoder (T5). The Decoder with no `encoded` input is the decoder-only mod
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -80,9 +81,10 @@ class LayerStack(nn.Module):
                               in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
                               metadata_params={nn.PARTITION_NAME: "layers"})
             x, _ = scanned(cfg, deterministic, decode, scanned=True,      # moe_every is 1
-                           moe=is_moe_layer(cfg, 0), linformer=linformer, name="layer")(x, *args)
+                           moe=is_moe_layer(cfg, 0), linformer=linformer,
+                           causal=self.stack == "decoder", name="layer")(x, *args)
             return x
-        cls = _layer_class(cfg, scanned=False)
+        cls = functools.partial(_layer_class(cfg, scanned=False), causal=self.stack == "decoder")
         states = [x]
         layer = None
         for i in range(self.num_layers):
