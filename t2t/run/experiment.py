@@ -19,6 +19,7 @@ import t2t.data.catalog.paper  # noqa: F401  registers the C4 and benchmark task
 from t2t import storage
 from t2t.data import converters as conv
 from t2t.data.characters import ElmoConverter
+from t2t.data.permutation_lm import PermutationLmConverter
 from t2t.data import tasks as tasks_lib
 from t2t.models.families import make_model
 from t2t import precision
@@ -36,12 +37,14 @@ CONVERTERS = {
     "prefix_lm": conv.PrefixLMConverter,
     "encoder": conv.EncoderConverter,
     "elmo": ElmoConverter,
+    "permutation_lm": PermutationLmConverter,
 }
 # Objective gin names (configs/objectives) -> the task suffix registered for each corpus.
 OBJECTIVE_TASKS = {"span_3_15_u_u": "span_corruption", "causal_lm": "lm",
                    "bert_mlm_nsp": "mlm_nsp", "bert_mlm": "mlm", "bert_ltr": "ltr",
                    "roberta_full_sentences": "roberta", "albert_ngram_sop": "albert",
-                   "spanbert_span_sbo": "spanbert", "electra_rtd": "electra"}
+                   "spanbert_span_sbo": "spanbert", "electra_rtd": "electra",
+                   "xlnet_plm": "xlnet", "xlnet_plm_k7": "xlnet_k7"}
 NO_NSP_OBJECTIVES = ("bert_mlm", "bert_ltr", "roberta_full_sentences",  # BERT-family
                      "spanbert_span_sbo", "electra_rtd")                 # objectives, no NSP
 
@@ -56,13 +59,16 @@ def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[st
 
 
 def default_converter(family: str, objective: Optional[str]) -> str:
-    """t5: encoder-decoder; bert: encoder; gpt: LM, or prefix LM for inputs->targets tasks."""
+    """t5: encoder-decoder; bert: encoder; xlnet: permutation LM; gpt: LM, or prefix LM for
+    inputs->targets tasks."""
     if family == "elmo":         # one sentence a row (t2t.data.characters.ElmoConverter)
         return "elmo"
     if family == "t5":
         return "encoder_decoder"
     if family == "bert":
         return "encoder"
+    if family == "xlnet":
+        return "permutation_lm"
     return "lm" if objective in (None, "lm", "causal_lm") else "prefix_lm"
 
 

@@ -92,6 +92,7 @@ def test_content_stream_logits(hf_dir):
                     token_type_ids=_t(types)).logits
     ours = m.logits(ids, mask, types)
     assert ours.shape == (B, L, V)
+    print(f"{setting} content stream: max|logit diff| {_diff(ours, ref.numpy()):.3g}")
     assert _diff(ours, ref.numpy()) < TOL
 
 
@@ -112,6 +113,7 @@ def test_two_stream_and_mems(hf_dir):
                                 jnp.asarray(types), None if perm is None else jnp.asarray(perm),
                                 jnp.asarray(mapping))
     assert logits.shape == (B, 3, V)
+    print(f"{setting} two-stream: max|logit diff| {_diff(logits, ref.logits.numpy()):.3g}")
     assert _diff(logits, ref.logits.numpy()) < TOL
     for ours, theirs in zip(mems, ref.mems, strict=True):   # HF: [m, b, d]
         assert _diff(ours, theirs.numpy().transpose(1, 0, 2)) < TOL
@@ -124,6 +126,7 @@ def test_two_stream_and_mems(hf_dir):
     logits2, mems2 = module.apply({"params": m.params}, jnp.asarray(ids2),
                                   None if mask2 is None else jnp.asarray(mask2),
                                   jnp.asarray(types2), mems=mems)
+    print(f"{setting} over mems: max|logit diff| {_diff(logits2, ref2.logits.numpy()):.3g}")
     assert _diff(logits2, ref2.logits.numpy()) < TOL
     assert [x.shape[1] for x in mems2] == [t.shape[0] for t in ref2.mems]
 
@@ -165,6 +168,7 @@ def test_t2t_random_weights_to_hf(tmp_path):
                        target_mapping=_t(mapping)).logits.numpy()
     ours, _ = module.apply({"params": params}, jnp.asarray(ids), None, jnp.asarray(types),
                            jnp.asarray(perm), jnp.asarray(mapping))
+    print(f"t2t -> HF two-stream: max|logit diff| {_diff(ours, ref):.3g}")
     assert _diff(ours, ref) < TOL
 
 

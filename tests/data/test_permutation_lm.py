@@ -87,3 +87,25 @@ def test_preprocessor_and_converter():
     assert batch["masked_weights"][0].sum() == 2                    # 10 / K=4 -> 2 targets
     with pytest.raises(SkipExample):
         PermutationLmConverter(dict(lengths, memory=5)).prepare(examples[0])
+
+
+def test_the_bible_task_windows_each_book_with_its_memory():
+    """bible_web_xlnet (objectives/xlnet_plm.gin): on the held-out twin, every window's
+    memory is the 64 tokens before it in its book, and 1/6 of each window is predicted."""
+    import t2t.data.catalog.bible_successors  # noqa: F401  registers the tasks
+    from t2t.data import tasks as tasks_lib
+
+    task = tasks_lib.get_task("bible_web_xlnet_validation")
+    lengths = {"inputs": 128, "memory": 64, "max_predictions": 21}
+    vocab = task.vocabulary
+    windows_seen = 0
+    for i in range(0, len(task.source), 7):
+        record = task.source[i]
+        stream = [t for v in record["verses"] for w in vocab.tokenize_words(v) for t in w]
+        for j, ex in enumerate(task.preprocess(record, (0, i), lengths)):
+            start = 128 * (j + 1)
+            np.testing.assert_array_equal(ex["inputs"], stream[start:start + 128])
+            np.testing.assert_array_equal(ex["memory_tokens"], stream[start - 64:start])
+            assert len(ex["masked_positions"]) == max(1, round(len(ex["inputs"]) / 6))
+            windows_seen += 1
+    assert windows_seen > 20

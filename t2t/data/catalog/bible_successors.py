@@ -7,6 +7,9 @@
                       Geo(0.2) clipped to 10, 15% budget, 80/10/10 per span), no NSP
   bible_web_albert    ALBERT: sentence-order pairs (swapped half the time, the label in
                       `next_sentence_label`) with n-gram masking (n ≤ 3, p(n) ∝ 1/n)
+  bible_web_xlnet     XLNet: windows of a book's token stream with the window before as
+                      memory, a uniform factorization order each, the last 1/K predicted
+                      (K = 6; `bible_web_xlnet_k7`: K = 7), t2t/data/permutation_lm.py
   bible_web_electra   ELECTRA: single-book rows of contiguous verses with the generator's
                       masking (t2t/data/electra_masking.py: 15% of the tokens, 85% [MASK]
                       and 15% kept, no random tokens), no NSP
@@ -24,6 +27,7 @@ from typing import Any, Callable
 
 from t2t.data import preprocessors as prep
 from t2t.data.electra_masking import electra_mask
+from t2t.data.permutation_lm import PermutationLm
 from t2t.data.tasks import BertPretraining, Task, register_task
 from t2t.errors import UserError
 from t2t.data.catalog.bible import BibleSplit, bible_wordpiece
@@ -151,6 +155,8 @@ def register_bible_successor_tasks(wordpiece: Any = bible_wordpiece,
                 ("spanbert", FullSentencesMlm(books, cross_documents=False, span=True),
                  "SpanBERT span masking over single segments"),
                 ("albert", AlbertPretraining(books), "ALBERT n-gram MLM + SOP"),
+                ("xlnet", PermutationLm(k=6), "XLNet permutation LM (K = 6) with memory"),
+                ("xlnet_k7", PermutationLm(k=7), "XLNet permutation LM (K = 7) with memory"),
                 ("electra", FullSentencesMlm(books, cross_documents=False, electra=True),
                  "ELECTRA generator masking (85% [MASK], 15% kept) over single segments"),
                 ("roberta_bpe", FullSentencesMlm(books),
