@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out MLM task; its masking is fixed, the same for every run")
     p.add_argument("--batches", type=int, default=20, help="batches of 32 x 128 to score")
     p.add_argument("--finetune", action="store_true", help="also fine-tune each encoder "
-                   "briefly on bible_paraphrase_kjv_web and report its accuracy")
+                   "briefly on bbc_topic (t2t data build bbc) and report its accuracy")
     p.add_argument("--finetune_steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0, help="the fine-tuning's seed")
     p.add_argument("--json", metavar="FILE", help="also write {model_dir: metrics} as JSON")

@@ -83,7 +83,8 @@ def test_electra_fine_tunes_its_discriminator_and_the_fine_tuning_learns(batch):
                                   run.params["discriminator"]["layers"]["layer_0"]["mlp"]["wi"][
                                       "kernel"])
     assert trunk_config.d_model == 16 and trunk_config.embedding_dim == 8
-    quick = dict(max_length=48, max_train=32, max_eval=64, batch_size=16, splits=("test",))
+    quick = dict(task="bible_paraphrase_kjv_web", max_length=48, max_train=32, max_eval=64,
+                 batch_size=16, splits=("test",))
     none = encoder_eval.finetune_accuracy(run, vocab, steps=1, learning_rate=0.0, **quick)
     some = encoder_eval.finetune_accuracy(run, vocab, steps=80, learning_rate=3e-3, **quick)
     assert 0.0 <= none["test_accuracy"] <= 1.0 and 0.0 <= some["test_accuracy"] <= 1.0
