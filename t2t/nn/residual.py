@@ -9,7 +9,8 @@
   (post-LN) ("Rezero + LayerNorm", "Rezero + RMS Norm").
 * ``"fixup"`` (Zhang et al. 2019, sec. 3, "Fixup initialization", rules 1-3), with
   `norm_type="none"`: (1) the last layer of every residual branch (attention `out`, FFN
-  `wo`) starts at 0 (so does an untied output layer: `fixup_init`); (2) the other weight
+  `wo`) starts at 0 (the paper zeroes the classification layer too; t2t's output layer keeps
+  its init: tied, it is the embedding table, which must not start at 0); (2) the other weight
   layers of a branch start at their usual initialisation scaled by L^(-1/(2m-2)), L the
   number of residual branches of the network and m the number of weight layers in a branch
   (m = 2 for attention: q/k/v then out; and for the FFN: wi then wo); (3) a scalar
