@@ -71,7 +71,11 @@ class AdaptiveInput(nn.Module):
         return out
 
     def log_probs(self, x: jax.Array) -> jax.Array:
-        """The tied adaptive softmax: hidden [..., d_model] -> log p [..., vocab] (float32)."""
+        """The tied adaptive softmax: hidden [..., d_model] -> log p [..., vocab] (float32).
+        `scale_tied_logits` scales the hidden state by d_model ** -0.5 first, as for a tied
+        token table (the tables are initialised like it)."""
+        if self.config.scale_tied_logits:
+            x = x * jnp.asarray(self.config.d_model ** -0.5, x.dtype)
         logits = []
         for i, (table, proj) in enumerate(zip(self.tables, self.projections)):
             h = x if proj is None else self._matmul(x, proj, "...d,ed->...e")   # [..., d_i]

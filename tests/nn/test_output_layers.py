@@ -89,6 +89,9 @@ def test_tied_adaptive_softmax_scores_with_the_input_clusters(projection):
         (h @ proj[i].T) @ tables[i].T) for i in (1, 2)]
     np.testing.assert_allclose(out, np.concatenate(ref, -1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.exp(out.astype(np.float64)).sum(-1), 1.0, atol=1e-5)
+    scaled = AdaptiveInput(cfg.replace(scale_tied_logits=True), with_softmax=True).apply(
+        {"params": params}, jnp.asarray(h) * 32 ** 0.5, method=AdaptiveInput.log_probs)
+    np.testing.assert_allclose(scaled, out, rtol=1e-5, atol=1e-5)   # T5.1.0's d^-0.5
     count = sum(x.size for x in jax.tree_util.tree_leaves(params))
     if not projection:     # as many parameters as one full table, plus a row per tail cluster
         assert count == 64 * 32 + 2 * 32
