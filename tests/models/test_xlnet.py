@@ -166,8 +166,8 @@ def _step(model, opt, params, state, batch):
 def test_presets_have_the_published_shape_and_hf_parameter_count(size, shape, hf_count):
     """XLNet-Base/Large = BERT-Base/Large's L, H, A, FF (paper §3.1) with the 32k
     SentencePiece vocabulary; t2t's tree holds exactly XLNetLMHeadModel's parameters (the
-    HF count, computed on the meta device, is 116.8M / 360.3M: the papers' "110M / 340M"
-    are BERT's)."""
+    HF count, computed on the meta device: 116.8M / 360.3M; the "110M / 340M" often quoted
+    for XLNet are BERT-Base/Large's, whose vocabulary is smaller)."""
     import torch
     import transformers
 
