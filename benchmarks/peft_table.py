@@ -87,7 +87,7 @@ def main() -> None:
         mine = [r for r in rows if r["method"] == method]
         if not mine:
             continue
-        acc = [100 * r["accuracy"] for r in mine]
+        acc = [r["accuracy"] for r in mine]         # metrics.json holds percent
         trainable, total = trainable_parameters(method)
         print(f"| {method} | {trainable:,} ({100 * trainable / total:.2f}%) | "
               f"{sum(acc) / len(acc):.1f} ± {(max(acc) - min(acc)) / 2:.1f} | "
