@@ -417,7 +417,10 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: Any,
     abstract = jax.eval_shape(tx.init, params)
 
     def pick(leaf, sharding, param):
+        if isinstance(leaf, optax.MaskedNode):    # a frozen leaf's no-state (peft.freeze)
+            return leaf
         return sharding if tuple(np.shape(leaf)) == tuple(np.shape(param)) else replicated
 
     return optax.tree_map_params(tx, pick, abstract, shardings, params,
-                                 transform_non_params=lambda _: replicated)
+                                 transform_non_params=lambda _: replicated,
+                                 is_leaf=lambda x: isinstance(x, optax.MaskedNode))
