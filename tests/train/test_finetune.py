@@ -174,9 +174,10 @@ def test_array_batches_cover_epochs_and_resume():
                   == 2 * next(finetune.ArrayBatches(features, 4, 0))["x"])
 
 
-def test_bert_classifier_from_hugging_face_dir(tmp_path):
-    """A tiny random BERT saved as a Hugging Face directory, fine-tuned as a classifier on
-    the bundled paraphrase task: the trunk is the saved one, the head new."""
+def _tiny_hf_bert_paraphrase(tmp_path, extra_gin=()):
+    """A tiny random BERT saved as a Hugging Face directory, and the gin of a 2-step
+    classifier fine-tuning of it on the bundled paraphrase task (+ `extra_gin` files);
+    returns the saved parameters."""
     import flax.linen as nn
     from t2t.convert import hf
     from t2t.data.catalog.bible import bible_wordpiece
@@ -190,12 +191,19 @@ def test_bert_classifier_from_hugging_face_dir(tmp_path):
     hf_dir = tmp_path / "hf"
     hf.save_bert(config, params, hf_dir)
     (hf_dir / "vocab.txt").write_text(open(vocab.vocab_file).read())
-    gin_utils.parse(["runs/finetune_bert.gin"], FAST + [
+    gin_utils.parse(["runs/finetune_bert.gin", *extra_gin], FAST + [
         f"MODEL_DIR = '{tmp_path / 'ft'}'", f"INITIAL_CHECKPOINT = '{hf_dir}'",
         "MIXTURE_OR_TASK_NAME = 'bible_paraphrase_kjv_web'", "MAX_LENGTH = 32",
         "EPOCHS = None", "TRAIN_STEPS = 2", "BATCH_SIZE = 8",
         "classifier_experiment.max_train_examples = 32",
         "evaluate_experiment.max_examples = 16", "evaluate_experiment.batch_size = 8"])
+    return params
+
+
+def test_bert_classifier_from_hugging_face_dir(tmp_path):
+    """A tiny random BERT saved as a Hugging Face directory, fine-tuned as a classifier on
+    the bundled paraphrase task: the trunk is the saved one, the head new."""
+    params = _tiny_hf_bert_paraphrase(tmp_path)
     exp = finetune.finetune_experiment()
     state = exp.trainer.init_state(next(exp.data()))
     got = jax.device_get(state.params)
@@ -204,6 +212,18 @@ def test_bert_classifier_from_hugging_face_dir(tmp_path):
     out = finetune.run(splits=["test"])
     assert out["result"].step == 2
     assert set(out["metrics"]["bible_paraphrase_kjv_web/test"]) >= {"accuracy"}
+
+
+def test_lora_finetune_saves_its_frozen_run(tmp_path):
+    """`t2t finetune` with runs/peft_lora.gin trains, checkpoints (the frozen leaves hold
+    no optimizer state) and scores; the trunk it saves is the pretrained one, untouched."""
+    params = _tiny_hf_bert_paraphrase(tmp_path, ["runs/peft_lora.gin"])
+    out = finetune.run(splits=["test"])
+    assert out["result"].step == 2 and os.listdir(tmp_path / "ft" / "checkpoints") == ["2"]
+    assert set(out["metrics"]["bible_paraphrase_kjv_web/test"]) >= {"accuracy"}
+    saved = jax.device_get(out["result"].state.params)
+    np.testing.assert_array_equal(saved["token_embedder"]["embedding"],
+                                  params["token_embedder"]["embedding"])
 
 
 def test_classifier_experiment_ltr_heads_from_gin(tmp_path):
