@@ -87,11 +87,7 @@ def bio_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
     return spans
 
 
-def token_accuracy(targets: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]
-                   ) -> dict[str, float]:
-    """Share of tokens whose predicted tag is the gold one, in percent."""
-    pairs = [(t, p) for ts, ps in zip(targets, predictions) for t, p in zip(ts, ps)]
-    return {"accuracy": 100.0 * float(np.mean([t == p for t, p in pairs])) if pairs else 0.0}
+token_accuracy = metrics_lib.token_accuracy
 
 
 def metric_fns(names: Sequence[str], kind: str, num_classes: int = 0) -> tuple:

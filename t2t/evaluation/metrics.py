@@ -18,7 +18,7 @@ from t2t.errors import UserError
 
 Scores = Dict[str, float]
 _PACKAGES = {"sklearn": "scikit-learn", "scipy": "scipy", "sacrebleu": "sacrebleu",
-             "rouge_score": "rouge-score"}
+             "rouge_score": "rouge-score", "seqeval": "seqeval"}
 
 
 def backend(module: str):
@@ -102,6 +102,121 @@ def squad(targets: Sequence[Union[str, Sequence[str]]], predictions: Sequence[st
         f1_total += max(_squad_f1(g, pred) for g in golds)
     n = max(len(predictions), 1)
     return {"em": 100.0 * em_total / n, "f1": 100.0 * f1_total / n}
+
+
+# ------------------------------------------------------------------- SQuAD 2.0
+def _squad_v2_f1(gold: str, prediction: str) -> float:
+    """v2.0's token F1: where either side has no tokens (no answer), 1 if both have none."""
+    pred_tokens = normalize_squad_answer(prediction).split()
+    gold_tokens = normalize_squad_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    return _squad_f1(gold, prediction)
+
+
+def squad_v2_raw(targets: Sequence[Sequence[str]], predictions: Sequence[str]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per question of the official SQuAD 2.0 evaluation (evaluate-v2.0.py): exact [n] and
+    F1 [n] in [0, 1], each the max over the gold answers whose normalised text is not empty
+    (none: the one gold answer ""), and has_answer [n] bool (any gold answer given)."""
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    exact, f1_, has_answer = [], [], []
+    for golds, pred in zip(targets, predictions):
+        golds = [golds] if isinstance(golds, str) else list(golds)
+        has_answer.append(bool(golds))
+        golds = [g for g in golds if normalize_squad_answer(g)] or [""]
+        exact.append(max(float(normalize_squad_answer(g) == normalize_squad_answer(pred))
+                         for g in golds))
+        f1_.append(max(_squad_v2_f1(g, pred) for g in golds))
+    return np.asarray(exact, float), np.asarray(f1_, float), np.asarray(has_answer, bool)
+
+
+def find_best_thresh(predictions: Sequence[str], scores: np.ndarray, na_scores: Sequence[float],
+                     has_answer: np.ndarray) -> tuple[float, float]:
+    """The official script's ``find_best_thresh``: start from answering nothing (the share
+    of unanswerable questions), then answer the questions in increasing order of their
+    no-answer score, keeping the best total; returns (best score in percent, the no-answer
+    score of the last question answered there, 0.0 if none). A question is then "no answer"
+    when its no-answer score is above the threshold."""
+    na_scores = np.asarray(na_scores, float)
+    total = best = float(np.sum(~has_answer))
+    thresh = 0.0
+    for q in sorted(range(len(na_scores)), key=lambda q: na_scores[q]):   # stable, as sorted()
+        if has_answer[q]:
+            total += float(scores[q])
+        elif predictions[q]:
+            total -= 1.0
+        if total > best:
+            best, thresh = total, float(na_scores[q])
+    return 100.0 * best / max(len(na_scores), 1), thresh
+
+
+def squad_v2(targets: Sequence[Sequence[str]], predictions: Sequence[str],
+             na_scores: Sequence[float] | None = None, na_threshold: float = 1.0) -> Scores:
+    """The official SQuAD 2.0 metric (evaluate-v2.0.py). targets: each question's gold
+    answers (an empty list: unanswerable); predictions: "" for no answer.
+
+    exact / f1 (percent) over all questions and split into HasAns_* / NoAns_* (with their
+    totals); an empty prediction against an unanswerable question scores 1. With
+    ``na_scores`` (per question, higher = more likely unanswerable; BERT: null score minus
+    best span score), questions scoring above ``na_threshold`` count as answered "no
+    answer", and ``best_exact`` / ``best_f1`` with ``best_exact_thresh`` / ``best_f1_thresh``
+    are the scores at the threshold `find_best_thresh` picks for each.
+    """
+    exact, f1_, has_answer = squad_v2_raw(targets, predictions)
+    raw_exact, raw_f1 = exact, f1_
+    if na_scores is not None:
+        abstain = np.asarray(na_scores, float) > na_threshold
+        exact = np.where(abstain, (~has_answer).astype(float), exact)
+        f1_ = np.where(abstain, (~has_answer).astype(float), f1_)
+    out: Scores = {"exact": 100.0 * float(np.mean(exact)) if len(exact) else 0.0,
+                   "f1": 100.0 * float(np.mean(f1_)) if len(f1_) else 0.0,
+                   "total": float(len(exact))}
+    for name, rows in (("HasAns", has_answer), ("NoAns", ~has_answer)):
+        if rows.any():
+            out[f"{name}_exact"] = 100.0 * float(np.mean(exact[rows]))
+            out[f"{name}_f1"] = 100.0 * float(np.mean(f1_[rows]))
+            out[f"{name}_total"] = float(np.sum(rows))
+    if na_scores is not None:
+        for name, raw in (("exact", raw_exact), ("f1", raw_f1)):
+            out[f"best_{name}"], out[f"best_{name}_thresh"] = find_best_thresh(
+                predictions, raw, na_scores, has_answer)
+    return out
+
+
+# ------------------------------------------------------------------------- NER
+def token_accuracy(targets: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]
+                   ) -> Scores:
+    """Share of tokens whose predicted tag is the gold one, in percent."""
+    pairs = [(t, p) for ts, ps in zip(targets, predictions) for t, p in zip(ts, ps)]
+    return {"accuracy": 100.0 * float(np.mean([t == p for t, p in pairs])) if pairs else 0.0}
+
+
+ENTITY_MODES = ("default", "strict")
+
+
+def entities(targets: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]], *,
+             mode: str = "default", scheme: str = "IOB2") -> Scores:
+    """Entity-level precision, recall and F1 (micro, percent) of tag sequences, by seqeval.
+
+    ``mode="default"`` is conlleval's reading (an I- tag after O or another type opens an
+    entity; IOB1 and IOB2 alike); ``"strict"`` reads the tags with seqeval's ``scheme``
+    class (IOB2, IOE2, IOBES, BILOU, ...), where an ill-formed chunk is no entity. An entity
+    is right when its type and both ends match."""
+    if mode not in ENTITY_MODES:
+        raise ValueError(f"mode must be one of {ENTITY_MODES}, got {mode!r}")
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} target sequences but {len(predictions)} predicted")
+    sk = backend("seqeval.metrics")
+    kwargs = {}
+    if mode == "strict":
+        kwargs = {"mode": "strict", "scheme": getattr(backend("seqeval.scheme"), scheme)}
+    y_true = [[str(t) for t in seq] for seq in targets]
+    y_pred = [[str(t) for t in seq] for seq in predictions]
+    return {name: 100.0 * float(fn(y_true, y_pred, zero_division=0, **kwargs))
+            for name, fn in (("precision", sk.precision_score), ("recall", sk.recall_score),
+                             ("f1", sk.f1_score))}
 
 
 # ------------------------------------------------------------------ BLEU, ROUGE
