@@ -186,6 +186,8 @@ _TFDS_MODULES = {
     "wmt14_translate": "tensorflow_datasets.translate.wmt14",
     "wmt16_translate": "tensorflow_datasets.translate.wmt16",
     "cnn_dailymail": "tensorflow_datasets.summarization.cnn_dailymail",
+    "conll2003": "tensorflow_datasets.text.conll2003.conll2003",
+    "hellaswag": "tensorflow_datasets.text.hellaswag",
 }
 
 

@@ -6,6 +6,12 @@ to ``max_query_length`` WordPiece tokens, the context split into windows that st
 pair covering its characters, or (0, 0) -- the [CLS] -- in a window that does not hold it
 whole. Predictions go back to the context's own characters through the WordPiece offsets,
 and each question is answered by its best-scoring window.
+
+SQuAD 2.0 (sec. 4.3): an unanswerable question trains every window towards the [CLS], and
+at prediction a question is answered "" when its null score (the smallest [CLS] start + end
+score over its windows) exceeds its best span's score by more than a threshold
+(`null_score_diffs`, `answers_at`; the threshold is chosen on the dev set by
+`t2t.evaluation.metrics.find_best_thresh`).
 """
 from __future__ import annotations
 
@@ -37,14 +43,20 @@ class SquadRecord:
     context: str
     answers: list[str]
     answer_starts: list[int]
+    is_impossible: bool = False
 
 
 def squad_record(record: Mapping[str, Any]) -> SquadRecord:
-    """A TFDS / JSON SQuAD record (``answers: {text, answer_start}``) as plain strings."""
+    """A TFDS / JSON SQuAD record (``answers: {text, answer_start}``) as plain strings; a
+    v2.0 question is unanswerable when ``is_impossible`` or it has no answer."""
     answers = record.get("answers") or {}
+    golds = texts(answers.get("text", []))
+    impossible = bool(np.asarray(record.get("is_impossible", False))) or not golds
     return SquadRecord(text(record["question"]), text(record["context"]),
-                       texts(answers.get("text", [])),
-                       [int(s) for s in np.asarray(answers.get("answer_start", []))])
+                       [] if impossible else golds,
+                       [] if impossible else [int(s) for s in
+                                              np.asarray(answers.get("answer_start", []))],
+                       impossible)
 
 
 def answer_chars(rec: SquadRecord) -> tuple[int, int] | None:
@@ -79,14 +91,15 @@ def window_starts(num_tokens: int, window: int, doc_stride: int) -> list[int]:
 
 def span_features(records: Iterable[Mapping[str, Any]], vocabulary: Any, *,
                   max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
-                  training: bool = False) -> SpanFeatures:
+                  training: bool = False, with_negatives: bool = False) -> SpanFeatures:
     """Every window of every record. ``training`` drops questions whose answer is not in
-    their context (as the reference), otherwise every question is kept."""
+    their context (as the reference), and unanswerable ones unless ``with_negatives``
+    (SQuAD 2.0: their windows all point at the [CLS]); otherwise every question is kept."""
     rows: dict[str, list] = {k: [] for k in ("tokens", "types", "start", "end", "offsets")}
     example_index, contexts, answers = [], [], []
     for rec in map(squad_record, records):
         chars = answer_chars(rec)
-        if training and chars is None:
+        if training and chars is None and not (with_negatives and rec.is_impossible):
             continue
         question = vocabulary.encode(rec.question, add_special_tokens=False)[:max_query_length]
         ids, offsets = vocabulary.encode_with_offsets(rec.context)
@@ -136,3 +149,27 @@ def best_answers(spans: SpanFeatures, start: np.ndarray, end: np.ndarray,
         if q not in best or score[w] > best[q][0]:
             best[q] = (float(score[w]), spans.contexts[q][s_char:e_char])
     return [best.get(q, (0.0, ""))[1] for q in range(len(spans.contexts))]
+
+
+def null_score_diffs(spans: SpanFeatures, start: np.ndarray, end: np.ndarray,
+                     span_score: np.ndarray, null_score: np.ndarray
+                     ) -> tuple[list[str], np.ndarray]:
+    """SQuAD 2.0 (the reference run_squad.py): per question, the text of its best non-null
+    span over all windows (as `best_answers`) and score_null - best span score [questions],
+    where score_null is the smallest [CLS] score over its windows (+inf without a span)."""
+    answers = best_answers(spans, start, end, span_score)
+    n = len(spans.contexts)
+    null = np.full(n, np.inf)
+    best = np.full(n, -np.inf)
+    for w, q in enumerate(spans.example_index.tolist()):
+        null[q] = min(null[q], float(null_score[w]))
+        (s_char, _), (_, e_char) = spans.offsets[w, start[w]], spans.offsets[w, end[w]]
+        if s_char >= 0 and e_char >= s_char:
+            best[q] = max(best[q], float(span_score[w]))
+    diffs = np.where(np.isfinite(best), null - best, np.inf)
+    return answers, diffs
+
+
+def answers_at(answers: Sequence[str], diffs: np.ndarray, threshold: float) -> list[str]:
+    """The predictions at a null threshold: "" where score_null - best span > threshold."""
+    return ["" if d > threshold else a for a, d in zip(answers, np.asarray(diffs).tolist())]

