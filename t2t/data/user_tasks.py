@@ -31,7 +31,6 @@ import numpy as np
 
 from t2t.data import tasks as tasks_lib
 from t2t.data import user_files, vocab_training
-from t2t.data.catalog.bible import bible_sentencepiece
 from t2t.data.finetune_tasks import (FinetuneTask, f1_with_invalid, macro_f1, squad_format,
                                      squad_postprocess, string_to_float, text,
                                      tokenize_text_to_text)
@@ -258,12 +257,18 @@ def task_kind(file_kind: str, input_field: str | None, target_field: str | None,
                       "TEXT_FIELD and LABEL_FIELD (classification)")
 
 
+def bible_vocabulary() -> Any:
+    """The bundled Bible's SentencePiece (`t2t.data.catalog.bible`), built on first use."""
+    from t2t.data.catalog.bible import bible_sentencepiece
+    return bible_sentencepiece()
+
+
 def from_files(train_files: user_files.Patterns, validation_files: Any = None,
                test_files: Any = None, *, input_field: str | None = None,
                target_field: str | None = None, text_field: str | None = None,
                text_pair_field: str | None = None, label_field: str | None = None,
                task_prefix: str | None = None, metrics: Any = None,
-               vocabulary: Any = bible_sentencepiece,
+               vocabulary: Any = None,
                labels: Sequence[str] | None = None, name: str | None = None) -> FinetuneTask:
     """A `FinetuneTask` over your labelled files (see the module docstring for the kinds).
 
@@ -272,8 +277,10 @@ def from_files(train_files: user_files.Patterns, validation_files: Any = None,
     ``task.bad_lines[split]``; a missing file, an empty glob or a split without one good
     line is an InputFileError). ``task_prefix`` starts every input, a space after it.
     ``labels``: the class names (default: those of the training files). ``vocabulary``
-    tokenizes for text-to-text models (object or factory).
+    tokenizes for text-to-text models (object or factory; default the bundled Bible's
+    SentencePiece, `bible_vocabulary`).
     """
+    vocabulary = bible_vocabulary if vocabulary is None else vocabulary
     files = {"train": user_files.expand(train_files, "TRAIN_FILES")}
     for split, patterns in (("validation", validation_files), ("test", test_files)):
         if patterns:
