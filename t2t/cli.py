@@ -241,7 +241,9 @@ def cmd_ablate(args) -> int:
         return 0
     report.check_plotting()
     if not args.render_only:
-        runner.run_grid(grid, args.out_dir, cells, seeds, args.shard)
+        ran = runner.run_grid(grid, args.out_dir, cells, seeds, args.shard)
+        if ran and ran[-1].get("stopped_by") == "preempted":
+            return EXIT_PREEMPTED
     command = " ".join([f"t2t ablate {args.grid} --scale={args.scale}"]
                        + [f"--out_dir={args.out_dir}"] * (args.out_dir != ABLATION_OUT_DIR)
                        + [shlex.quote(f"--gin={b}") for b in args.gin + args.gin_bindings])

@@ -317,7 +317,9 @@ def shard(items: Sequence[Any], spec: Optional[str]) -> List[Any]:
 
 def run_grid(grid: Grid, out_dir: str, cells: Sequence[Cell], seeds: Sequence[int],
              shard_spec: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Every (cell, seed) of the selection, in order (this shard's share of them)."""
+    """Every (cell, seed) of the selection, in order (this shard's share of them). A
+    preempted stage (SIGTERM, Ctrl-C: saved) stops the grid there; the last result then
+    says ``stopped_by: "preempted"`` and a rerun resumes that stage."""
     work = shard([(c, s) for s in seeds for c in cells], shard_spec)
     results = []
     for n, (cell, seed) in enumerate(work, 1):
@@ -325,6 +327,9 @@ def run_grid(grid: Grid, out_dir: str, cells: Sequence[Cell], seeds: Sequence[in
             print(f"[{grid.name} {grid.scale.name} {n}/{len(work)}] {message}", flush=True)
         start = time.perf_counter()
         results.append(run_cell(grid, cell, seed, out_dir, progress))
+        if results[-1].get("stopped_by") == "preempted":
+            progress(f"{cell.label} (seed {seed}): preempted, saved; rerun to resume")
+            break
         progress(f"{cell.label} (seed {seed}): {time.perf_counter() - start:.0f} s")
     return results
 

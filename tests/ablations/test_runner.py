@@ -199,3 +199,19 @@ def test_without_matplotlib_ablate_stops_before_any_cell(tmp_path, monkeypatch, 
     assert code == 2 and not (tmp_path / "runs").exists()
     assert "t2t ablate draws each table's chart with matplotlib, which is not installed: " \
            "pip install 't2t[plots]'" in capsys.readouterr().err
+
+
+def test_a_preempted_stage_stops_the_grid_with_exit_75(tmp_path, monkeypatch):
+    """SIGTERM during a cell saves that stage and stops `t2t ablate` (no later cell starts,
+    nothing is rendered); exit 75 as `t2t train`."""
+    calls = []
+
+    def preempted(grid, cell, seed, out_dir, progress=print):
+        calls.append(cell.key)
+        return {"stopped_by": "preempted"}
+    monkeypatch.setattr(runner, "run_cell", preempted)
+    path = tmp_path / "micro.gin"
+    path.write_text(GRID)
+    code = main(["ablate", str(path), "--scale=tiny", f"--out_dir={tmp_path / 'runs'}",
+                 f"--docs_dir={tmp_path / 'docs'}"])
+    assert code == 75 and len(calls) == 1 and not (tmp_path / "docs").exists()
