@@ -36,6 +36,7 @@ from typing import Optional
 
 import jax
 
+from t2t.nn.adaptive_softmax import cluster_bounds, cluster_widths
 from t2t.nn.config import TransformerConfig
 
 FAMILIES = {"encoder": "encoder", "bert": "encoder", "decoder": "decoder", "gpt": "decoder",
@@ -98,6 +99,81 @@ def _synthesizer_delta(config: TransformerConfig, n: int, causal_factor: float
     return dense, attention
 
 
+def _output_layer_logits(config: TransformerConfig) -> float:
+    """Logit FLOPs per position of the adaptive softmax (every cluster computed, as
+    t2t/nn/adaptive_softmax.py does; its projections included) or the mixture of softmaxes
+    (prior 2·d·K, contexts 2·d·K·d, K softmax layers); None for the plain softmax."""
+    d, e, v = config.d_model, config.embedding_dim, config.vocab_size
+    plain = 2 * (e or d) * v + (2 * d * e if e else 0)
+    if config.output_layer == "mixture_of_softmaxes":
+        k = config.mos_num_softmaxes
+        return 2 * d * k + 2 * d * k * d + k * plain
+    bounds, widths = cluster_bounds(v, config.adaptive_cutoffs), cluster_widths(config)
+    project = config.adaptive_softmax_projection
+    tied_head = config.tie_embeddings and project          # the head's own projection
+    total = (2 * d * widths[0] if tied_head else 0) + 2 * widths[0] * (bounds[1] + len(bounds) - 2)
+    for i in range(1, len(bounds) - 1):
+        total += (2 * d * widths[i] if project else 0) + 2 * widths[i] * (bounds[i + 1] - bounds[i])
+    return total
+
+
+def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc: int,
+                  n_dec: int, causal_factor: float, per_token_layer: float
+                  ) -> tuple[float, float]:
+    """(dense, attention) FLOPs that Narang et al. 2021's part B options add to the plain
+    count of one example (negative where they save):
+
+    * convolutions (t2t/nn/lightweight_conv.py) in place of self-attention: GLU input
+      2·d·2d and output 2·d·d per token, the depthwise taps 2·d·k and the dynamic kernels
+      2·d·H·k, against q, k, v, o (2·4·d·A) and the attention products;
+    * the funnel (t2t/nn/funnel.py): block i runs on ceil(S / 2^i) tokens, its first layer
+      attending to the previous block's length; the decoder's cross-attention reads the
+      pooled memory;
+    * product-key memory in decoder layers `pkm_layers`: the query 2·d·H·d_k, sub-key
+      scores 2·H·n·d_k and the weighted values 2·H·k·d per token instead of the MLP;
+    * adaptive input: every cluster's projection 2·d_i·d per input token;
+    * transparent attention: the mix, 2·(N + 1)·M·S·d.
+    """
+    d, a = config.d_model, config.num_heads * config.head_dim
+    dense = attention = 0.0
+    enc = family in ("encoder", "encoder_decoder")
+    dec = family in ("decoder", "encoder_decoder")
+    if config.convolution != "none":
+        k, h = config.conv_kernel_size, config.num_heads
+        per_token = 2 * 3 * d * d - 2 * 4 * d * a + 2 * d * k
+        if config.convolution == "dynamic":
+            per_token += 2 * d * h * k
+        for layers, n, cf in ((n_enc if enc else 0, s, 1.0), (n_dec if dec else 0, t,
+                                                               causal_factor)):
+            dense += layers * n * per_token
+            attention -= layers * 4 * n * n * a * cf
+    if config.funnel_blocks and enc:
+        lengths, pooled = [s], s
+        for _ in config.funnel_blocks[1:]:
+            pooled = -(-pooled // 2)
+            lengths.append(pooled)
+        dense -= n_enc * s * per_token_layer
+        attention -= n_enc * 4 * s * s * a
+        for i, depth in enumerate(config.funnel_blocks):
+            n, prev = lengths[i], lengths[max(i - 1, 0)]
+            dense += depth * n * per_token_layer + 2 * 2 * d * a * (prev - n)  # k, v unpooled
+            attention += 4 * n * prev * a + (depth - 1) * 4 * n * n * a
+        if family == "encoder_decoder":
+            dense += n_dec * 2 * 2 * d * a * (pooled - s)
+            attention += n_dec * 4 * t * (pooled - s) * a
+    if config.pkm_layers and dec:
+        h, n, dk = config.pkm_heads, config.pkm_num_keys, config.pkm_key_dim
+        mlp = (len(config.mlp_activations) + 1) * 2 * d * config.d_ff
+        memory = 2 * d * h * dk + 2 * h * n * dk + 2 * h * config.pkm_topk * d
+        dense += len(config.pkm_layers) * t * (memory - mlp)
+    if config.adaptive_input:
+        if config.adaptive_softmax_projection:
+            dense += (s * enc + t * dec) * sum(2 * w * d for w in cluster_widths(config))
+    if config.transparent_attention and family == "encoder_decoder":
+        dense += 2 * (n_enc + 1) * n_dec * s * d
+    return dense, attention
+
+
 def forward_flops_breakdown(config: TransformerConfig, family: str, *,
                             input_length: Optional[int] = None,
                             target_length: Optional[int] = None,
@@ -136,6 +212,8 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     if family == "encoder_decoder":
         dense += n_dec * 2 * 2 * d * a * (t + s)
         attention += n_dec * 4 * t * s * a
+    dense, attention = (x + y for x, y in zip((dense, attention), _part_b_delta(
+        config, family, s, t, n_enc, n_dec, causal_factor, per_token_layer)))
     if family == "encoder":
         positions = s if num_masked is None else num_masked
     else:
@@ -145,6 +223,8 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     if e:
         dense += 2 * e * d * (s + t)  # embedding projection E -> d on every input token
         logits += 2 * d * e * positions  # head projection d -> E
+    if config.output_layer != "softmax":    # adaptive softmax, mixture of softmaxes
+        logits = _output_layer_logits(config) * positions
     return {"dense": float(dense), "attention": float(attention), "logits": float(logits)}
 
 
