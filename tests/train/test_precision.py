@@ -128,7 +128,7 @@ def test_operative_config_says_what_auto_became(host, text, dtype):
     cfg = configured.TransformerConfig()
     assert cfg.dtype == dtype
     exp = types.SimpleNamespace(trainer=types.SimpleNamespace(
-        model=types.SimpleNamespace(config=cfg)))
+        model=types.SimpleNamespace(config=cfg, family="t5")))
     text = experiment.operative_config(exp)
     assert "TransformerConfig.dtype = 'auto'" in text
     assert f"# TransformerConfig.dtype 'auto' resolved to '{dtype}' on this host: " in text
