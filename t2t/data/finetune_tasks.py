@@ -21,11 +21,9 @@ import numpy as np
 from t2t.data.converters import FeatureConverter
 from t2t.data.pipeline import BatchIterator, make_pipeline
 from t2t.data.preprocessors import SkipExample
-from t2t.data.sources import InvalidRecord, RandomAccessSource
+from t2t.data.sources import SPLITS, InvalidRecord, RandomAccessSource
 from t2t.data.tasks import Task, _TaskFn, get_task
 from t2t.evaluation import metrics
-
-SPLITS = ("train", "validation", "test")
 
 
 # ----------------------------------------------------------------------------- the task

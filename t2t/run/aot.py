@@ -360,7 +360,20 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
     state = trainer.abstract_init(batch)
     lowered = trainer.lower_train_step(state, abstract_batch)
     return _compiled_report(trainer, batch, state, abstract_batch, lowered, slice_, num_slices,
-                            step, hlo_flops(trainer, batch) or 0.0)
+                            step, hlo_flops(trainer, batch) or 0.0,
+                            train_step_flops(trainer, batch))
+
+
+def train_step_flops(trainer: Trainer, batch: Dict[str, np.ndarray]) -> float:
+    """Model FLOPs of one train step on the whole `batch` (t2t.train.flops; 0: a family the
+    formula does not cover)."""
+    family = trainer.model.family
+    rows = next(iter(batch.values())).shape[0]
+    try:
+        return flops_lib.step_flops(trainer.model.config, family, rows,
+                                    **batch_geometry(family, batch))
+    except ValueError:
+        return 0.0
 
 
 def decode_options(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, Any]:
@@ -396,13 +409,14 @@ def compile_decode_step(trainer: Trainer, batch: Dict[str, np.ndarray],
     with partitioning.sharding_context(trainer.mesh, trainer.rules):
         lowered = decode.lower(state.params, abstract_batch)
     return _compiled_report(trainer, batch, state, abstract_batch, lowered, slice_, num_slices,
-                            "decode", 0.0, count_model_flops=False)
+                            "decode", xla_flops=0.0, model_flops=0.0)
 
 
 def _compiled_report(trainer: Trainer, batch: Dict[str, np.ndarray], state, abstract_batch,
                      lowered, slice_: chips_lib.Slice, num_slices: int, step: str,
-                     xla_flops: float, count_model_flops: bool = True) -> Report:
-    """Compile `lowered` for the slice and read its memory (and, given, FLOPs)."""
+                     xla_flops: float, model_flops: float) -> Report:
+    """Compile `lowered` for the slice and read its memory; the step's FLOPs (0: not
+    counted) are given."""
     state_bytes = {"parameters": _bytes_per_chip(state.params),
                    "optimizer_state": _bytes_per_chip(state.opt_state),
                    "batch": _bytes_per_chip(abstract_batch)}
@@ -415,14 +429,6 @@ def _compiled_report(trainer: Trainer, batch: Dict[str, np.ndarray], state, abst
         largest = largest_buffers(trainer, state, dump)
     family = trainer.model.family
     num_chips = len(trainer.mesh.devices.flat)
-    rows = next(iter(batch.values())).shape[0]
-    try:
-        model_flops = flops_lib.step_flops(trainer.model.config, family, rows,
-                                           **batch_geometry(family, batch))
-    except ValueError:          # a family the FLOP formula does not cover
-        model_flops = 0.0
-    if not count_model_flops:
-        model_flops = 0.0
     return Report(
         step=step, slice=slice_, num_slices=num_slices, mesh=dict(trainer.mesh.shape),
         family=family, num_params=sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)),

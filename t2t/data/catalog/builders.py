@@ -34,9 +34,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from t2t.data.sources import split_of  # noqa: F401  (re-used by the builders)
+from t2t.data.sources import SPLITS, split_of
 
-SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
 
 
