@@ -10,7 +10,8 @@ of one kind, decided by the files and the fields named:
   BERT `Regressor`; pearson, spearman.
 * span_qa (SQuAD-format .json): T5 ``question: .. context: .. -> answer``, BERT `SpanQA`;
   squad (EM, F1).
-* tagging (CoNLL .conll/.iob/.bio): BERT `TokenTagger`; accuracy and f1 over entities.
+* tagging (CoNLL .conll/.iob/.bio): BERT `TokenTagger`; token accuracy and entity
+  precision/recall/f1 (seqeval, conlleval's reading: `t2t.evaluation.metrics.entities`).
 
 The label set is read from the training files (sorted) unless given. The gin builder
 `t2t.run.user_data.files_task` (configs/experiments/finetune_*_from_files.gin) registers
@@ -62,30 +63,6 @@ def exact_match(targets: Sequence[str], predictions: Sequence[str]) -> dict[str,
     return {"exact_match": 100.0 * float(np.mean(same)) if same else 0.0}
 
 
-def entity_f1(targets: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]
-              ) -> dict[str, float]:
-    """CoNLL entity F1 over BIO tag sequences: an entity counts when its type and both
-    ends match exactly (as conlleval)."""
-    gold = {(i, *span) for i, tags in enumerate(targets) for span in bio_spans(tags)}
-    found = {(i, *span) for i, tags in enumerate(predictions) for span in bio_spans(tags)}
-    right = len(gold & found)
-    p, r = right / max(len(found), 1), right / max(len(gold), 1)
-    return {"f1": 100.0 * (2 * p * r / (p + r) if p + r else 0.0)}
-
-
-def bio_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
-    """(start, end exclusive, type) of the entities of a BIO (or IOB1) tag sequence."""
-    spans, start, kind = [], None, None
-    for i, tag in enumerate(list(tags) + ["O"]):
-        prefix, _, name = str(tag).partition("-")
-        if start is not None and (prefix != "I" or name != kind):
-            spans.append((start, i, kind))
-            start = None
-        if prefix == "B" or (prefix == "I" and start is None):
-            start, kind = i, name
-    return spans
-
-
 token_accuracy = metrics_lib.token_accuracy
 
 
@@ -100,7 +77,7 @@ def metric_fns(names: Sequence[str], kind: str, num_classes: int = 0) -> tuple:
         "f1": f1_with_invalid, "pearson": metrics_lib.pearson,
         "spearman": metrics_lib.spearman}
     if kind == "tagging":
-        table.update(accuracy=token_accuracy, f1=entity_f1)
+        table.update(accuracy=token_accuracy, f1=metrics_lib.entities)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ConfigError(f"METRICS: unknown metric {unknown[0]!r}; choose from "

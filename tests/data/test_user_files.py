@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from t2t.data import data_report, user_files, user_tasks, vocab_training
+from t2t.data import data_report, user_files, vocab_training
 from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import from_files
 from t2t.errors import ConfigError, InputFileError
@@ -162,13 +162,29 @@ def test_from_files_classification_labels_and_regression(tmp_path):
     assert task.encoder_pair_fn(task.get_source("train")[1]) == ("a", None, 3.8)
 
 
-def test_entity_f1_and_bio_spans():
-    assert user_tasks.bio_spans(["B-PER", "I-PER", "O", "B-LOC", "B-LOC", "I-ORG"]) == [
-        (0, 2, "PER"), (3, 4, "LOC"), (4, 5, "LOC"), (5, 6, "ORG")]
-    gold = [["B-PER", "I-PER", "O", "B-LOC"]]
-    assert user_tasks.entity_f1(gold, gold)["f1"] == 100.0
-    # one of two entities found, one wrong: precision 1/2, recall 1/2
-    assert user_tasks.entity_f1(gold, [["B-PER", "O", "O", "B-LOC"]])["f1"] == 50.0
+def test_conll_files_score_entities_with_seqeval(tmp_path):
+    """A CoNLL files task's METRICS "accuracy,f1" are token accuracy and seqeval's entity
+    scores (conlleval's reading), here on a case where strict IOB2 disagrees."""
+    import seqeval.metrics
+    from seqeval.scheme import IOB2
+
+    conll = tmp_path / "train.conll"
+    conll.write_text("John B-PER\nSmith I-PER\nin O\nRome B-LOC\n")
+    task = from_files(str(conll))
+    assert task.kind == "tagging" and task.metric_names == ("accuracy", "f1")
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-ORG", "I-ORG"]]
+    # a PER opened by I- (no entity to strict IOB2), a wrong ORG end
+    predicted = [["I-PER", "I-PER", "O", "B-LOC"], ["O", "B-ORG", "O"]]
+    scores = {}
+    for fn in task.metric_fns:
+        scores.update(fn(gold, predicted))
+    # by hand: PER and LOC right of 3 found / 3 gold -> P = R = F1 = 2/3
+    assert scores["precision"] == pytest.approx(200 / 3)
+    assert scores["recall"] == scores["f1"] == pytest.approx(200 / 3)
+    assert scores["f1"] == pytest.approx(100 * seqeval.metrics.f1_score(gold, predicted))
+    strict = 100 * seqeval.metrics.f1_score(gold, predicted, mode="strict", scheme=IOB2)
+    assert strict == pytest.approx(40.0) and scores["f1"] != pytest.approx(strict)
+    assert scores["accuracy"] == pytest.approx(100 * 5 / 7)
 
 
 # ----------------------------------------------------------------------------- vocabularies
