@@ -628,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "list":
         for name, b in BUILDERS.items():
             status = "built" if is_built(name, args.data_dir) else "-"
-            print(f"{name:12s} {status:6s} {b.description}")
+            print(f"{name:15s} {status:6s} {b.description}")
         return 0
     names = list(BUILDERS) if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in BUILDERS]
