@@ -51,6 +51,35 @@ def op_counts(hlo_text: str) -> dict:
     return counts
 
 
+DOT = re.compile(r"%?([\w.\-]+) = (\w+)\[([\d,]*)\][^ ]* dot\(%?([\w.\-]+), %?([\w.\-]+)\)"
+                 r".*lhs_contracting_dims=\{([\d,]*)\}")
+VALUE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (\w+)\[([\d,]*)\]")
+PARAMETER = re.compile(r"([\w.\-]+): (\w+)\[([\d,]*)\]")
+
+
+def _dims(text: str) -> list:
+    return [int(d) for d in text.split(",") if d]
+
+
+def dot_flops(hlo_text: str) -> list:
+    """[(lhs dtype, rhs dtype, FLOPs)] of every dot of an optimized HLO module, inside
+    fusions too: which matmuls XLA runs with bf16 operands and which it upcast."""
+    out, values = [], {}
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace():        # a computation header: its parameters
+            values = {n: (t, _dims(d)) for n, t, d in PARAMETER.findall(line)}
+            continue
+        m = VALUE.match(line)
+        if m:
+            values[m.group(1)] = (m.group(2), _dims(m.group(3)))
+        d = DOT.search(line)
+        if d:
+            (lhs, lhs_shape), (rhs, _) = values[d.group(4)], values[d.group(5)]
+            k = int(np.prod([lhs_shape[i] for i in _dims(d.group(6))]))
+            out.append((lhs, rhs, 2 * int(np.prod(_dims(d.group(3)))) * k))
+    return out
+
+
 def compiled_hlo(model: str, impl: str) -> str:
     """The optimized HLO text of the t2t train step, as `Trainer.train_step` compiles it."""
     from t2t.train import partitioning

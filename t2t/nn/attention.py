@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from t2t.nn import mixed_einsum
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.linformer import LowRankKeys
@@ -70,7 +71,7 @@ def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_r
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
     if scale != 1.0:
         q = q * jnp.asarray(scale, q.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = mixed_einsum.einsum("bqhd,bkhd->bhqk", q, k, dtype)       # float32
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     return attend(logits, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
@@ -88,8 +89,7 @@ def attend(logits, v, mask, *, dropout_rate, dropout_rng, deterministic, dtype):
     if not deterministic and dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, v,
-                      preferred_element_type=jnp.float32).astype(dtype)
+    return mixed_einsum.einsum("bhqk,bkhd->bqhd", weights, v, dtype).astype(dtype)
 
 
 class MultiHeadAttention(nn.Module):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from t2t.nn import mixed_einsum
 from t2t.nn.config import TransformerConfig
 
 Initializer = Callable[..., jax.Array]
@@ -35,7 +36,17 @@ def embedding_init(config: TransformerConfig) -> Initializer:
 
 
 def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
-    """Contract the last `contract` dims of x with the first of kernel, f32 accumulation."""
+    """Contract the last `contract` dims of x with the first of kernel, f32 accumulation.
+
+    Under a low-precision `dtype` the backward products take `dtype` operands as well
+    (`t2t.nn.mixed_einsum`); float32 is the plain product.
+    """
+    if jnp.dtype(dtype) != jnp.float32:
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        batch, inner = letters[:x.ndim - contract], letters[x.ndim - contract:x.ndim]
+        outer = letters[x.ndim:x.ndim + kernel.ndim - contract]
+        spec = f"{batch}{inner},{inner}{outer}->{batch}{outer}"
+        return mixed_einsum.einsum(spec, x, kernel, dtype).astype(dtype)
     x_dims = tuple(range(x.ndim - contract, x.ndim))
     k_dims = tuple(range(contract))
     y = lax.dot_general(x.astype(dtype), kernel.astype(dtype), ((x_dims, k_dims), ((), ())),

@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.nn import mixed_einsum
 from t2t.nn.adaptive_input import AdaptiveInput
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, embedding_init, kernel_init
@@ -35,8 +36,8 @@ class Embed(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """[..., features] -> [..., num_embeddings], float32 accumulation."""
-        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype),
-                          preferred_element_type=jnp.float32).astype(self.dtype)
+        return mixed_einsum.einsum("...d,vd->...v", x, self.embedding,
+                                   self.dtype).astype(self.dtype)
 
 
 def token_embed(config: TransformerConfig, name: str = "token_embedder") -> nn.Module:

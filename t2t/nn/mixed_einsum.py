@@ -1,0 +1,151 @@
+"""Two-operand einsum with low-precision inputs and float32 accumulation, forward AND backward.
+
+Mixed precision (Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3: float32
+master weights, half-precision operands, float32 accumulation of the products) asks for
+the backward matmuls to take half-precision inputs as well. Plain autodiff of
+``einsum(a.astype(bf16), b.astype(bf16), preferred_element_type=float32)`` does not: the
+cotangent of the float32 product arrives as float32, so both backward products (the input
+gradient and the kernel gradient, two thirds of a step's matmul FLOPs) run float32 x
+float32 after XLA upcasts the bf16 operand. The custom VJP here casts the cotangent to the
+compute dtype and computes
+
+    da = einsum(C,B->A)(g, b),   db = einsum(A,C->B)(a, g)      for  c = einsum(A,B->C)(a, b)
+
+with bf16 operands and float32 accumulation; the gradients are returned in the primal
+operands' dtypes (a float32 kernel gets its gradient un-rounded, in float32).
+
+float32 compute callers do not come here (``einsum`` falls back to the plain product),
+so the float32 path is bit-identical to autodiff.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def _explicit(spec: str, a_ndim: int, b_ndim: int) -> tuple[str, str, str]:
+    """'...d,vd->...v' -> ('Ad', 'vd', 'Av'): '...' spelled out as upper-case letters."""
+    ins, out = spec.replace(" ", "").split("->")
+    a, b = ins.split(",")
+    used = set(a + b + out)
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used]
+
+    def fill(s: str, ndim: int) -> str:
+        if "..." not in s:
+            return s
+        n = ndim - (len(s) - 3)
+        return s.replace("...", "".join(spare[:n]))
+
+    n_ell = max(a_ndim - (len(a) - 3) if "..." in a else 0,
+                b_ndim - (len(b) - 3) if "..." in b else 0)
+    ell = "".join(spare[:n_ell])
+    return fill(a, a_ndim), fill(b, b_ndim), out.replace("...", ell)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _mixed(spec: str, dtype, a_dtype, b_dtype, a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_fwd(spec, dtype, a_dtype, b_dtype, a, b):
+    a_low, b_low = a.astype(dtype), b.astype(dtype)
+    out = jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
+    return out, (a_low, b_low)       # what autodiff would keep: the low-precision operands
+
+
+def _layouts(sx: str, sy: str, sz: str):
+    """Every way to run einsum(sx,sy->sz) as lhs [B, M, K] x rhs [B, K, N] or [B, N, K]:
+    ((output transposed?, operand transposes), y is lhs?, lhs order, rhs order, rhs [B, N, K]?,
+    number of batch letters)."""
+    batch = [c for c in sz if c in sx and c in sy]
+    for swap in (False, True):
+        sl, sr = (sy, sx) if swap else (sx, sy)
+        free_l = [c for c in sl if c not in sr]
+        free_r = [c for c in sr if c not in sl]
+        contract = [c for c in sl if c in sr and c not in sz]
+        # keep an operand's own order of its batch and contracted letters when it can
+        for keep in (sl, sr):
+            b = sorted(batch, key=keep.index)
+            k = sorted(contract, key=keep.index)
+            lhs = b + free_l + k
+            turned = b + free_l + free_r != list(sz)             # the output needs a transpose
+            for rhs, rhs_nt in ((b + k + free_r, False), (b + free_r + k, True)):
+                moves = (list(sl) != lhs) + (list(sr) != rhs)
+                yield (turned, moves), swap, lhs, rhs, rhs_nt, len(b)
+
+
+def _product(sx: str, sy: str, sz: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """einsum(sx,sy->sz)(x, y), float32 result, as one [B, M, K] x [B, K, N] or [B, N, K]
+    product (B absent without batch letters), with as few operand transposes as possible.
+
+    XLA:CPU (jax 0.10.2) runs bf16 x bf16 -> float32 dots natively (YNNPACK) only in these
+    forms. A dot whose first operand is contracted along a leading dim is upcast to
+    float32 when XLA sees it early, and fails at run time ("Unsupported element type for
+    DotThunk") when the algebraic simplifier creates it late -- which it does to remove a
+    transpose of the output. So the output order is kept wherever a layout allows it, then
+    operand transposes are minimised (the smaller operand is the one moved).
+    """
+    moves, swap, lhs, rhs, rhs_nt, nb = min(
+        _layouts(sx, sy, sz), key=lambda c: (c[0], (y if c[1] else x).size))
+    (sl, l), (sr, r) = ((sy, y), (sx, x)) if swap else ((sx, x), (sy, y))
+    size = {c: n for s, a in ((sx, x), (sy, y)) for c, n in zip(s, a.shape)}
+
+    def flat(a, s, order, groups):   # transpose to `order`, then one dim per group
+        if list(s) != order:
+            a = jnp.transpose(a, [s.index(c) for c in order])
+        dims, i = [], 0
+        for n in groups:
+            dims.append(int(np.prod([size[c] for c in order[i:i + n]])))
+            i += n
+        return a.reshape(dims)
+
+    n_k = len([c for c in lhs[nb:] if c in sr])
+    free_l, free_r = lhs[nb:len(lhs) - n_k], [c for c in rhs[nb:] if c not in sl]
+    lead = [nb] if nb else []
+    l3 = flat(l, sl, lhs, lead + [len(free_l), n_k])                        # [B?, M, K]
+    r3 = flat(r, sr, rhs, lead + ([len(free_r), n_k] if rhs_nt else [n_k, len(free_r)]))
+    b = 1 if nb else 0                                                      # flat batch dims
+    contract = ((b + 1,), (b + 1 if rhs_nt else b,))
+    z = lax.dot_general(l3, r3, (contract, ((0,), (0,)) if nb else ((), ())),
+                        preferred_element_type=jnp.float32)                 # [B?, M, N]
+    order = lhs[:nb] + free_l + free_r
+    z = z.reshape([size[c] for c in order])
+    return jnp.transpose(z, [order.index(c) for c in sz])
+
+
+def _mixed_bwd(spec, dtype, a_dtype, b_dtype, res, g):
+    a_low, b_low = res
+    sa, sb, sc = _explicit(spec, a_low.ndim, b_low.ndim)
+    g = g.astype(dtype)
+    da = _product(sc, sb, sa, g, b_low)
+    db = _product(sa, sc, sb, a_low, g)
+    return da.astype(a_dtype), db.astype(b_dtype)
+
+
+_mixed.defvjp(_mixed_fwd, _mixed_bwd)
+
+
+def _check(spec: str, a: jax.Array, b: jax.Array) -> None:
+    """The backward einsums exist only when every operand index is in the other or the out."""
+    sa, sb, sc = _explicit(spec, a.ndim, b.ndim)
+    for name, s, other in (("first", sa, sb + sc), ("second", sb, sa + sc)):
+        if len(set(s)) != len(s) or not set(s) <= set(other):
+            raise ValueError(f"mixed einsum {spec!r}: the {name} operand has a repeated index or "
+                             "one summed over that operand alone")
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """einsum(spec, a, b) with `dtype` operands and a float32 result.
+
+    Under a float32 `dtype` this is the plain product; under bf16/float16 the backward
+    products take `dtype` operands too (module docstring).
+    """
+    if jnp.dtype(dtype) == jnp.float32:
+        return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                          preferred_element_type=jnp.float32)
+    _check(spec, a, b)
+    return _mixed(spec, jnp.dtype(dtype), a.dtype, b.dtype, a, b)
