@@ -6,7 +6,11 @@ per layer `layer_{i}/attention/{query,key,value,relative}/kernel` [d, heads, hea
 [heads, head_dim], `attention/seg_embed` [2, heads, head_dim], `attention/norm`, `mlp/wi`,
 `mlp/wo`, `mlp_norm`. HF's `lm_loss.weight` is the word embedding (tied); its bias is
 `lm_bias`. Settings outside TransformerConfig (mem_len, clamp_len, attn_type,
-same_length) travel as `XLNetOptions`.
+same_length, summary_last_dropout) travel as `XLNetOptions`.
+
+The fine-tuning heads (`XLNetForSequenceClassification`, `XLNetForMultipleChoice`;
+`t2t.models.xlnet_heads.XLNetClassifierHead`) put the same tree under `transformer/` (no
+`lm_bias`) beside `sequence_summary/summary/{kernel,bias}` and `logits_proj/{kernel,bias}`.
 """
 from __future__ import annotations
 
@@ -21,6 +25,10 @@ from t2t.models.xlnet import XLNetOptions
 from t2t.nn.config import TransformerConfig
 
 ARCHITECTURE = "XLNetLMHeadModel"
+HEADS = ("XLNetForSequenceClassification", "XLNetForMultipleChoice")
+# HF's sequence summary settings the heads implement (summary_type "last", projection d -> d).
+SUMMARY = {"summary_type": "last", "summary_use_proj": True, "summary_activation": "tanh",
+           "summary_proj_to_labels": False}
 
 
 def xlnet_config(d: Mapping) -> TransformerConfig:
@@ -47,13 +55,25 @@ def xlnet_options(d: Mapping) -> XLNetOptions:
     """The HF config's memory and position settings."""
     return XLNetOptions(mem_len=d.get("mem_len") or 0, clamp_len=d.get("clamp_len", -1),
                         attn_type=d.get("attn_type", "bi"),
-                        same_length=bool(d.get("same_length", False)))
+                        same_length=bool(d.get("same_length", False)),
+                        summary_last_dropout=d.get("summary_last_dropout", 0.1))
+
+
+def check_summary(d: Mapping) -> None:
+    """A fine-tuning head's config must use the summary t2t implements (ValueError if not)."""
+    defaults = {"summary_type": "last", "summary_use_proj": False,   # HF when a key is absent
+                "summary_activation": None, "summary_proj_to_labels": False}
+    found = {k: d.get(k, v) for k, v in defaults.items()}
+    if found != SUMMARY or d.get("summary_first_dropout", 0):
+        raise ValueError(f"sequence summary {found} (summary_first_dropout "
+                         f"{d.get('summary_first_dropout', 0)}): t2t implements only {SUMMARY}")
 
 
 def xlnet_hf_config(c: TransformerConfig, options: Optional[XLNetOptions] = None,
-                    pad_token_id: int = 5) -> dict:
+                    pad_token_id: int = 5, architecture: str = ARCHITECTURE,
+                    num_labels: int = 2) -> dict:
     """TransformerConfig + options (default `XLNetOptions()`) -> an `XLNetConfig` dict for
-    `XLNetLMHeadModel`."""
+    `architecture` (`XLNetLMHeadModel`, or one of `HEADS` with `num_labels`)."""
     options = options or XLNetOptions()
     family = "XLNet"
     _require(c.norm_type == "layer" and not c.pre_norm and c.use_bias, family,
@@ -66,7 +86,10 @@ def xlnet_hf_config(c: TransformerConfig, options: Optional[XLNetOptions] = None
              "needs tied, unfactorized, unscaled embeddings and no type table or sharing")
     _require(c.dropout_rate == c.attn_dropout_rate == c.mlp_dropout_rate, family,
              "has one dropout rate (dropout_rate, attention and mlp dropout must be equal)")
-    return {"architectures": [ARCHITECTURE], "model_type": "xlnet",
+    labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(num_labels)},
+              "label2id": {f"LABEL_{i}": i for i in range(num_labels)}}
+    return {"architectures": [architecture], "model_type": "xlnet", **SUMMARY, **labels,
+            "summary_last_dropout": options.summary_last_dropout,
             "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layer": c.num_encoder_layers,
             "n_head": c.num_heads, "d_head": c.head_dim, "d_inner": c.d_ff,
             "ff_activation": _T2T_ACT_TO_HF[c.mlp_activations[0]], "untie_r": True,
@@ -85,14 +108,16 @@ def _out_projection(hf_name: str, path: str, c: TransformerConfig) -> _Rule:
                  lambda ws: np.transpose(ws[0], (2, 0, 1)))
 
 
-def xlnet_rules(c: TransformerConfig, root: str = "transformer.") -> List[_Rule]:
-    """The table HF name <-> t2t path; `root` is "transformer." for the LM head model."""
+def xlnet_rules(c: TransformerConfig, root: str = "transformer.", lm_head: bool = True,
+                prefix: str = "") -> List[_Rule]:
+    """The table HF name <-> t2t path; `root` is "transformer." for the LM head model (and
+    the fine-tuning heads, whose t2t paths start with `prefix` "transformer/")."""
     d, h, k, f, v = c.d_model, c.num_heads, c.head_dim, c.d_ff, c.vocab_size
-    rules = [_copy(f"{root}word_embedding.weight", "token_embedder/embedding", (v, d),
-                   aliases=("lm_loss.weight",)),
-             _reshape(f"{root}mask_emb", "mask_emb", (1, 1, d), (d,))]
+    rules = [_copy(f"{root}word_embedding.weight", f"{prefix}token_embedder/embedding", (v, d),
+                   aliases=("lm_loss.weight",) if lm_head else ()),
+             _reshape(f"{root}mask_emb", f"{prefix}mask_emb", (1, 1, d), (d,))]
     for i in range(c.num_encoder_layers):
-        a, t = f"{root}layer.{i}.rel_attn", f"layer_{i}/attention"
+        a, t = f"{root}layer.{i}.rel_attn", f"{prefix}layer_{i}/attention"
         rules += [_copy(f"{a}.{n}", f"{t}/{name}/kernel", (d, h, k))
                   for n, name in (("q", "query"), ("k", "key"), ("v", "value"),
                                   ("r", "relative"))]
@@ -101,20 +126,38 @@ def xlnet_rules(c: TransformerConfig, root: str = "transformer.") -> List[_Rule]
                     for n in ("r_w_bias", "r_r_bias", "r_s_bias")],
                   _copy(f"{a}.seg_embed", f"{t}/seg_embed", (2, h, k)),
                   *_layer_norm(f"{a}.layer_norm", f"{t}/norm", d)]
-        ff, t = f"{root}layer.{i}.ff", f"layer_{i}"
+        ff, t = f"{root}layer.{i}.ff", f"{prefix}layer_{i}"
         rules += [_linear(f"{ff}.layer_1.weight", f"{t}/mlp/wi/kernel", (d, f)),
                   _copy(f"{ff}.layer_1.bias", f"{t}/mlp/wi/bias", (f,)),
                   _linear(f"{ff}.layer_2.weight", f"{t}/mlp/wo/kernel", (f, d)),
                   _copy(f"{ff}.layer_2.bias", f"{t}/mlp/wo/bias", (d,)),
                   *_layer_norm(f"{ff}.layer_norm", f"{t}/mlp_norm", d)]
-    if root:
+    if root and lm_head:
         rules.append(_copy("lm_loss.bias", "lm_bias", (v,)))
     return rules
 
 
-def params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig) -> hf.Params:
+def head_rules(c: TransformerConfig, num_outputs: int) -> List[_Rule]:
+    """`XLNetForSequenceClassification` / `XLNetForMultipleChoice` (num_outputs 1): the
+    backbone under `transformer/`, the summary projection and `logits_proj`."""
+    d = c.d_model
+    return [*xlnet_rules(c, lm_head=False, prefix="transformer/"),
+            _linear("sequence_summary.summary.weight", "sequence_summary/summary/kernel", (d, d)),
+            _copy("sequence_summary.summary.bias", "sequence_summary/summary/bias", (d,)),
+            _linear("logits_proj.weight", "logits_proj/kernel", (d, num_outputs)),
+            _copy("logits_proj.bias", "logits_proj/bias", (num_outputs,))]
+
+
+def params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig,
+                   architecture: str = ARCHITECTURE) -> hf.Params:
     """An `XLNetLMHeadModel` (or bare `XLNetModel`: then `lm_bias` is zero) state dict ->
-    XLNet params."""
+    XLNet params; for one of `HEADS`, `XLNetClassifierHead` params."""
+    if architecture in HEADS:
+        if "logits_proj.weight" not in state:
+            raise CheckpointMismatchError(f"this {architecture} checkpoint has no "
+                                          "'logits_proj.weight'")
+        outputs = np.shape(state["logits_proj.weight"])[0]
+        return _import(state, head_rules(c, outputs), c, scan=False)
     root = "transformer." if any(n.startswith("transformer.") for n in state) else ""
     words, head = state.get(f"{root}word_embedding.weight"), state.get("lm_loss.weight")
     if words is not None and head is not None and not np.array_equal(words, head):
@@ -126,7 +169,15 @@ def params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig) -> hf.
     return params
 
 
+def num_outputs(params) -> Optional[int]:
+    """The head's output count of `XLNetClassifierHead` params; None for an LM tree."""
+    tree = hf._tree(params)
+    return tree["logits_proj"]["kernel"].shape[-1] if "logits_proj" in tree else None
+
+
 def params_to_hf(c: TransformerConfig, params) -> Dict[str, np.ndarray]:
     """XLNet params -> the `XLNetLMHeadModel` state dict (the tied lm_loss.weight left out,
-    as `transformers` writes it too)."""
-    return hf._export(hf._tree(params), xlnet_rules(c))
+    as `transformers` writes it too); `XLNetClassifierHead` params -> the head's."""
+    outputs = num_outputs(params)
+    rules = xlnet_rules(c) if outputs is None else head_rules(c, outputs)
+    return hf._export(hf._tree(params), rules)

@@ -5,7 +5,9 @@ config.json's `model_type`, `save_pretrained` writes a directory `transformers` 
 [batch, length, vocab] for BERT, RoBERTa, ALBERT, DistilBERT and an ELECTRA generator,
 replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2
 and XLNet (its content stream over the whole input; perm_mask, target_mapping and mems
-through `t2t.models.xlnet.XLNet`).
+through `t2t.models.xlnet.XLNet`); class logits [batch, labels] for
+`XLNetForSequenceClassification` and [batch, choices] for `XLNetForMultipleChoice` (inputs
+[batch, choices, length]), in XLNet's layout (left padding, the [CLS] last).
 """
 from __future__ import annotations
 
@@ -52,11 +54,15 @@ class PretrainedModel:
         mask = jnp.ones_like(ids) if attention_mask is None else jnp.asarray(attention_mask,
                                                                               jnp.int32)
         types = None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-        fn = _logits_fn(self.model_type, self._module_kind(), self.config, self.pad_token_id,
-                        self.options)
+        kind = self._module_kind()
+        outputs = hf_xlnet.num_outputs(self.params) if kind == "xlnet_head" else 0
+        fn = _logits_fn(self.model_type, kind, self.config, self.pad_token_id, self.options,
+                        outputs)
         return np.asarray(fn(self.params, ids, mask, types))
 
     def _module_kind(self) -> str:
+        if self.model_type == "xlnet" and self.architecture in hf_xlnet.HEADS:
+            return "xlnet_head"
         if self.model_type == "t5":
             raise PretrainedError("a T5 directory has no logits(input_ids, attention_mask): "
                                   "use t2t.nn.stacks.EncoderDecoder with decoder inputs")
@@ -79,12 +85,18 @@ def roberta_positions(input_ids: jax.Array, pad_token_id: int) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def _logits_fn(model_type: str, kind: str, config: TransformerConfig, pad_token_id: int,
-               options=None):
+               options=None, outputs: int = 0):
     from t2t.models.bert import BertModel
     from t2t.models.electra import ElectraDiscriminator
     from t2t.models.xlnet import XLNet
+    from t2t.models.xlnet_heads import XLNetClassifierHead
     from t2t.nn.stacks import Decoder
 
+    if kind == "xlnet_head":
+        def fn(params, ids, mask, types):
+            return XLNetClassifierHead(config, outputs, options).apply({"params": params}, ids,
+                                                                       mask, types)
+        return jax.jit(fn)
     if model_type == "xlnet":
         def fn(params, ids, mask, types):
             return XLNet(config, options).apply({"params": params}, ids, mask, types)[0]
@@ -168,7 +180,12 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
     elif model_type == "t5":
         params = hf.t5_params_from_hf(state, config)
     elif model_type == "xlnet":
-        params = hf_xlnet.params_from_hf(state, config)
+        if architecture in hf_xlnet.HEADS:
+            try:
+                hf_xlnet.check_summary(d)
+            except ValueError as e:
+                raise PretrainedError(f"xlnet config.json: {e}") from None
+        params = hf_xlnet.params_from_hf(state, config, architecture)
     else:
         params = hf_encoders.params_from_hf(model_type, state, config, architecture)
     pad = d.get("pad_token_id")
@@ -190,7 +207,12 @@ def save_pretrained(model: PretrainedModel, directory) -> None:
         hf.save_t5(c, p, directory)
         return
     if t == "xlnet":
-        hf._save(directory, hf_xlnet.xlnet_hf_config(c, model.options, model.pad_token_id),
+        outputs = hf_xlnet.num_outputs(p)
+        architecture = hf_xlnet.ARCHITECTURE if outputs is None else (
+            "XLNetForMultipleChoice" if model.architecture == "XLNetForMultipleChoice"
+            else "XLNetForSequenceClassification")
+        hf._save(directory, hf_xlnet.xlnet_hf_config(c, model.options, model.pad_token_id,
+                                                     architecture, outputs or 2),
                  hf_xlnet.params_to_hf(c, p))
         return
     if t not in SUPPORTED:

@@ -41,13 +41,15 @@ class XLNetOptions:
     mem_len: states each layer keeps for the next segment (0 = all of them, HF's None);
     clamp_len: relative distances clipped to ±clamp_len (-1 = none); attn_type: "bi"
     (XLNet) or "uni" (Transformer-XL's causal attention); same_length: "uni" queries all
-    see the same number of keys.
+    see the same number of keys; summary_last_dropout: the dropout after the fine-tuning
+    heads' sequence summary (`t2t.models.xlnet_heads`).
     """
 
     mem_len: int = 0
     clamp_len: int = -1
     attn_type: str = "bi"
     same_length: bool = False
+    summary_last_dropout: float = 0.1
 
     def __post_init__(self):
         if self.attn_type not in ATTENTION_TYPES:
@@ -61,11 +63,13 @@ class XLNet(nn.Module):
     """Token ids -> LM logits and the memory for the next segment.
 
     Params: `token_embedder` [vocab, d], `mask_emb` [d] (the query stream's start),
-    `layer_{i}` (`TwoStreamLayer`), `lm_bias` [vocab].
+    `layer_{i}` (`TwoStreamLayer`), `lm_bias` [vocab] (only with `lm_head`: HF's
+    `XLNetModel` under a fine-tuning head has none).
     """
 
     config: TransformerConfig
     options: XLNetOptions = XLNetOptions()
+    lm_head: bool = True
 
     def setup(self):
         cfg = self.config
@@ -74,8 +78,9 @@ class XLNet(nn.Module):
             "mask_emb", nn.with_logical_partitioning(
                 nn.initializers.normal(cfg.initializer_range), ("embed",)),
             (cfg.d_model,), cfg.params_dtype)
-        self.lm_bias = self.param("lm_bias", nn.with_logical_partitioning(
-            nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
+        if self.lm_head:
+            self.lm_bias = self.param("lm_bias", nn.with_logical_partitioning(
+                nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
         self.dropout = nn.Dropout(cfg.dropout_rate)
         self.layers = [TwoStreamLayer(cfg, name=f"layer_{i}")
                        for i in range(cfg.num_encoder_layers)]
