@@ -193,6 +193,11 @@ manual(1) and *note Regular Expressions: Regexps. for more.
    (1) A footnote.
 
 \x1f
+File: grep.info,  Node: GNU Free Documentation License,  Prev: Usage,  Up: Top
+
+   Everyone is permitted to copy and distribute verbatim copies.
+
+\x1f
 File: grep.info,  Node: Index,  Prev: Usage,  Up: Top
 
 * grep:     Usage.     (line 6)
@@ -368,12 +373,13 @@ def test_gcide_builds_from_a_deb(tmp_path, fake_apt):
 def test_python_docs_takes_the_first_release_found(tmp_path, fake_apt):
     fake_deb(fake_apt, "python3.11-doc", {
         "doc/python3.11/html/_sources/library/json.rst.txt": RST.encode(),
+        "doc/python3.11/html/_sources/api/json.stub.rst.txt": b"json.stub\n=========\n",
         "doc/python3.11/html/_static/x.js": b"var x;"})
     fake_deb(fake_apt, "python3.9-doc", {"doc/python3.9/html/_sources/old.rst.txt": b"Old."})
     out = B.build("python_docs", data_dir=tmp_path / "data", progress=False)
     records = [json.loads(line) for s in ("train", "validation")
                for line in (out / f"{s}.jsonl").open()]
-    assert [r["id"] for r in records] == ["library/json"]
+    assert [r["id"] for r in records] == ["library/json"]  # the one-word stub is dropped
     assert records[0]["text"] == markup.rst_to_text(RST)
     assert B.manifest("python_docs", tmp_path / "data")["source"] == {
         "debian": ["python3.11-doc_1.0_all"]}

@@ -22,8 +22,9 @@ none of it; docs/data.md has the sizes):
 * perl_docs: perl-doc's ``perl*.pod`` manuals. Artistic-1 or GPL-1+.
 * man_pages: English man pages of manpages, manpages-dev and the core packages of
   `MAN_PACKAGES`. Linux-man-pages-copyleft, GPL, BSD and other free licenses.
-* info_manuals: GNU (and R) manuals in info form, `INFO_PACKAGES`. GFDL-1.3+ without
-  invariant sections, GPL-2+ (R).
+* info_manuals: manuals in info form, `INFO_PACKAGES` (GNU's, R, Octave, Maxima, zsh,
+  gnuplot, MIT/GNU Scheme, SBCL). GFDL-1.3+ without invariant sections, GPL-2+, zsh's and
+  gnuplot's permissive licenses, public domain/BSD (SBCL).
 * debian_docs: debian-reference-en, developers-reference, maint-guide, debian-faq,
   debian-handbook (en-US), debian-policy. GPL-2+; maint-guide MIT-style; handbook GPL-2+
   or CC-BY-SA-3.0.
@@ -59,9 +60,13 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
+MIN_WORDS = 3  # shorter documents (Sphinx autosummary stubs, `.so` man pages) are dropped
+
+
 def write_documents(name: str, documents: Iterable[Document], out: Path) -> dict:
-    """Write non-empty documents by `MICRO_SPLIT`; manifest fields counts and words."""
-    docs = [d for d in documents if d["text"].strip()]
+    """Write documents of `MIN_WORDS` words or more by `MICRO_SPLIT`; manifest fields
+    counts and words."""
+    docs = [d for d in documents if word_count(d["text"]) >= MIN_WORDS]
     ids = [d["id"] for d in docs]
     if len(set(ids)) != len(ids):
         raise BuildError(f"{name}: duplicate document ids")
@@ -260,10 +265,14 @@ SPHINX_DOC_PACKAGES = ("sphinx-doc", "python-pandas-doc", "python-sklearn-doc",
                        "python-setuptools-doc", "cython-doc", "python-flask-doc",
                        "python-bottle-doc", "python-jinja2-doc", "python-werkzeug-doc",
                        "python-pygments-doc", "python-attr-doc", "python-requests-doc")
-# GNU (and R) manuals in info form, from Debian main (GFDL without invariant sections, GPL).
+# Manuals in info form from Debian main: GNU's (GFDL without invariant sections), R's,
+# Octave's, Maxima's (GPL), zsh's and gnuplot's (their own permissive licenses), MIT/GNU
+# Scheme's and SBCL's.
 INFO_PACKAGES = ("coreutils", "grep", "sed", "findutils", "diffutils", "gzip", "wget",
                  "bash-doc", "autoconf-doc", "automake", "libtool-doc", "flex", "screen",
-                 "guile-3.0-doc", "r-doc-info")
+                 "guile-3.0-doc", "r-doc-info", "octave-doc", "maxima-doc", "zsh-doc",
+                 "gnuplot-doc", "mit-scheme-doc", "texinfo", "sbcl-doc", "gnu-standards",
+                 "m4", "units", "mtools", "nano", "sharutils", "gperf", "indent", "ed", "bc")
 POSTGRESQL_DOC_PACKAGES = tuple(f"postgresql-doc-{v}" for v in range(18, 12, -1))
 
 CORPUS_BUILDERS = [
@@ -326,10 +335,11 @@ CORPUS_BUILDERS += [
                        "scikit-learn, astropy, SymPy, Dask, xarray, Celery, Flask, Werkzeug, "
                        "Jinja, Pygments), MIT (pytest, setuptools, Bottle, attrs), Apache-2.0 "
                        "(Cython, Requests)")),
-    Builder("info_manuals", "GNU manuals in info form: coreutils, grep, sed, bash, autoconf, "
-            "automake, Guile, R, ... (Debian)", ("apt-get", "dpkg-deb"),
+    Builder("info_manuals", "Manuals in info form: coreutils, bash, autoconf, Guile, R, "
+            "Octave, Maxima, zsh, gnuplot, ... (Debian)", ("apt-get", "dpkg-deb"),
             deb_corpus("info_manuals", INFO_PACKAGES, r"/usr/share/info/.+\.info(-\d+)?\.gz$",
                        info_documents, "GFDL-1.3+ without invariant sections (GNU manuals), "
-                       "GPL-2+ (R manuals)")),
+                       "GPL-2+ (R, Octave, Maxima), zsh's and gnuplot's permissive licenses, "
+                       "GPL/GFDL (MIT/GNU Scheme), public domain and BSD (SBCL)")),
 ]
 BUILDERS.update((b.name, b) for b in CORPUS_BUILDERS)

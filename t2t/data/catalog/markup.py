@@ -381,13 +381,14 @@ def _info_prose(block: str) -> bool:
 
 def info_to_text(source: str) -> str:
     """A GNU info file (makeinfo output) as prose: each node's text without its header,
-    menus, examples, section underlines and index nodes; ``*note X::`` -> "X"."""
+    menus, examples and section underlines; index and license nodes dropped; ``*note X::``
+    -> "X"."""
     out: list[str] = []
     for chunk in source.split("\x1f")[1:]:  # before the first node: the info-dir preamble
         header, _, body = chunk.lstrip("\n").partition("\n")
         node = re.search(r"Node:\s*([^,\n]*)", header)
-        if not node or "index" in node.group(1).lower():
-            continue  # Tag Table, Indirect, or an index node
+        if not node or re.search(r"index|licen[cs]e|copying", node.group(1), re.I):
+            continue  # Tag Table, Indirect, an index node, the manual's license text
         for block in re.split(r"\n[ \t]*\n", body):
             block = "\n".join(l for l in block.split("\n") if not _INFO_UNDERLINE.match(l))
             if block.strip() and _info_prose(block):
