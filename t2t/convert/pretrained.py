@@ -3,9 +3,9 @@ config.json's `model_type`, `save_pretrained` writes a directory `transformers` 
 
 `PretrainedModel.logits(input_ids, attention_mask)` equals the HF class's output: MLM logits
 [batch, length, vocab] for BERT, RoBERTa, ALBERT, DistilBERT and an ELECTRA generator,
-replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2
-and XLNet (its content stream over the whole input; perm_mask, target_mapping and mems
-through `t2t.models.xlnet.XLNet`); class logits [batch, labels] for
+replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2,
+OpenAI GPT (GPT-1) and XLNet (its content stream over the whole input; perm_mask,
+target_mapping and mems through `t2t.models.xlnet.XLNet`); class logits [batch, labels] for
 `XLNetForSequenceClassification` and [batch, choices] for `XLNetForMultipleChoice` (inputs
 [batch, choices, length]), in XLNet's layout (left padding, the [CLS] last).
 """
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2t.convert import hf, hf_encoders, hf_xlnet
+from t2t.convert import hf, hf_encoders, hf_gpt1, hf_xlnet
 from t2t.errors import UserError
 from t2t.nn.config import TransformerConfig
 
@@ -29,7 +29,8 @@ from t2t.nn.config import TransformerConfig
 ARCHITECTURES = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM",
                  "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining",
                  "distilbert": "DistilBertForMaskedLM", "gpt2": "GPT2LMHeadModel",
-                 "t5": "T5ForConditionalGeneration", "xlnet": hf_xlnet.ARCHITECTURE}
+                 "t5": "T5ForConditionalGeneration", "xlnet": hf_xlnet.ARCHITECTURE,
+                 hf_gpt1.MODEL_TYPE: hf_gpt1.ARCHITECTURE}
 SUPPORTED = tuple(ARCHITECTURES)
 
 
@@ -68,7 +69,7 @@ class PretrainedModel:
                                   "use t2t.nn.stacks.EncoderDecoder with decoder inputs")
         if self.model_type == "electra" and "rtd_head" in self.params:
             return "discriminator"
-        if self.model_type in ("gpt2", "xlnet"):
+        if self.model_type in ("gpt2", "xlnet", hf_gpt1.MODEL_TYPE):
             return "lm"
         if "mlm_head" not in self.params:
             raise PretrainedError(f"this {self.architecture} checkpoint has no MLM head, so "
@@ -146,7 +147,7 @@ def _read_hf_config(directory: str) -> Dict[str, Any]:
 
 def _config(model_type: str, d: Dict[str, Any]) -> TransformerConfig:
     fns = {"bert": hf.bert_config, "gpt2": hf.gpt2_config, "t5": hf.t5_config,
-           "xlnet": hf_xlnet.xlnet_config}
+           "xlnet": hf_xlnet.xlnet_config, hf_gpt1.MODEL_TYPE: hf_gpt1.openai_gpt_config}
     fn = fns.get(model_type) or functools.partial(hf_encoders.config_from_hf, model_type)
     try:
         return fn(d)
@@ -186,6 +187,8 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
             except ValueError as e:
                 raise PretrainedError(f"xlnet config.json: {e}") from None
         params = hf_xlnet.params_from_hf(state, config, architecture)
+    elif model_type == hf_gpt1.MODEL_TYPE:
+        params = hf_gpt1.params_from_hf(state, config)
     else:
         params = hf_encoders.params_from_hf(model_type, state, config, architecture)
     pad = d.get("pad_token_id")
@@ -205,6 +208,9 @@ def save_pretrained(model: PretrainedModel, directory) -> None:
         return
     if t == "t5":
         hf.save_t5(c, p, directory)
+        return
+    if t == hf_gpt1.MODEL_TYPE:
+        hf._save(directory, hf_gpt1.openai_gpt_hf_config(c), hf_gpt1.params_to_hf(c, p))
         return
     if t == "xlnet":
         outputs = hf_xlnet.num_outputs(p)

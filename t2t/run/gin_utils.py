@@ -25,6 +25,7 @@ def register_configurables() -> None:
     """Import the run layer, which registers every configurable a gin file may bind."""
     import t2t.run.experiment  # noqa: F401
     import t2t.run.finetune  # noqa: F401  (imports configurables and user_data too)
+    import t2t.run.gpt_format  # noqa: F401  gpt_format_experiment (GPT-1 fine-tuning)
 
 
 class _NoNamespacePackages(importlib.abc.MetaPathFinder):

@@ -112,10 +112,10 @@ def predict_texts(model, params, examples: Sequence[Mapping], vocabulary: Any, *
 
 def predict_labels(model, params, features: Mapping[str, np.ndarray], *,
                    batch_size: int) -> np.ndarray:
-    """Predictions [n] (label ids, or values for a regressor) of an encoder classifier over
-    ``classification_examples`` features."""
+    """Predictions [n] (label ids, or values for a regressor) of a classifier over its
+    features (``classification_examples``'s for an encoder; any with a leading [n] axis)."""
     inputs = {k: v for k, v in features.items() if k not in ("label", "target")}
-    n = len(inputs["encoder_input_tokens"])
+    n = len(next(iter(inputs.values())))
     out = []
     for start, stop in _batches(n, batch_size):
         batch = {k: _pad_rows(v[start:stop], batch_size) for k, v in inputs.items()}
