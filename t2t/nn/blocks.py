@@ -24,16 +24,9 @@ from t2t.nn.product_key import ProductKeyMemory
 from t2t.nn.residual import ResidualGate
 
 
-class TransformerLayer(nn.Module):
-    """[batch, length, embed] -> [batch, length, embed].
-
-    Cross-attention runs only when `encoded` is given, so one layer can serve both the
-    encoder and the decoder (the T5 paper's shared encoder-decoder).
-    `scanned=True` returns `(x, None)` for use under `nn.scan`; `moe=True` gives it
-    mixture-of-experts feed-forward (`t2t.nn.moe`), `pkm=True` a product-key memory in its
-    place (`t2t.nn.product_key`). `self_kv` [batch, k_len, embed], when given, is what
-    self-attention reads keys and values from (the Funnel encoder's pool-query-only layer).
-    """
+class LayerFields(nn.Module):
+    """What a stack gives each of its layers (`TransformerLayer`, and the whole-layer
+    replacements `layer_type` picks: t2t/nn/weighted.py, t2t/nn/evolved.py)."""
 
     config: TransformerConfig
     deterministic: bool = True
@@ -43,6 +36,18 @@ class TransformerLayer(nn.Module):
     pkm: bool = False
     causal: bool = False      # a decoder layer: its convolution looks back only
     linformer: bool = False   # self-attention keys/values projected n -> k (linformer.py)
+
+
+class TransformerLayer(LayerFields):
+    """[batch, length, embed] -> [batch, length, embed].
+
+    Cross-attention runs only when `encoded` is given, so one layer can serve both the
+    encoder and the decoder (the T5 paper's shared encoder-decoder).
+    `scanned=True` returns `(x, None)` for use under `nn.scan`; `moe=True` gives it
+    mixture-of-experts feed-forward (`t2t.nn.moe`), `pkm=True` a product-key memory in its
+    place (`t2t.nn.product_key`). `self_kv` [batch, k_len, embed], when given, is what
+    self-attention reads keys and values from (the Funnel encoder's pool-query-only layer).
+    """
 
     def setup(self):
         cfg = self.config

@@ -18,6 +18,7 @@ SHARE_LAYERS_IN = ("both", "encoder", "decoder")
 OUTPUT_LAYERS = ("softmax", "adaptive_softmax", "mixture_of_softmaxes")
 CONVOLUTIONS = ("none", "lightweight", "dynamic")
 RESIDUAL_SCALINGS = ("none", "rezero", "fixup")
+LAYER_TYPES = ("transformer", "weighted", "evolved")
 SYNTHESIZERS = ("none", "dense", "dense_plus", "dense_plus_alpha", "factorized", "random",
                 "random_plus", "random_plus_alpha")
 
@@ -98,6 +99,7 @@ class TransformerConfig:
     moe_num_experts: int = 0
     moe_top_k: int = 1                # 1 = Switch, 2 = GShard (top-2 gates renormalised)
     moe_every: int = 2                # layer i is MoE when i % moe_every == moe_every - 1
+    moe_d_ff: int = 0                 # an expert's hidden width; 0 = d_ff
     moe_capacity_factor: float = 1.25  # expert buffer = factor * k * tokens / experts
     moe_eval_capacity_factor: float = 2.0  # the same without dropout (evaluation, decoding)
     moe_min_capacity: int = 4         # buffer floor (never above the tokens of a group)
@@ -147,6 +149,8 @@ class TransformerConfig:
     convolution: str = "none"         # Wu et al. 2019 in place of self-attention: lightweight |
     #   dynamic (t2t/nn/lightweight_conv.py); "none" = attention
     conv_kernel_size: int = 9         # k (Narang et al. appendix B: width 9)
+    layer_type: str = "transformer"   # "weighted": Ahmed et al. 2017's branched attention
+    #   (t2t/nn/weighted.py); "evolved": So et al. 2019's cells (t2t/nn/evolved.py)
 
     def __post_init__(self):
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
@@ -198,6 +202,13 @@ class TransformerConfig:
             from t2t.nn.product_key import check_pkm_config
             check_pkm_config(self)
         _check_choice("convolution", self.convolution, CONVOLUTIONS)
+        _check_choice("layer_type", self.layer_type, LAYER_TYPES)
+        if self.layer_type == "weighted":
+            from t2t.nn.weighted import check_weighted_config
+            check_weighted_config(self)
+        elif self.layer_type == "evolved":
+            from t2t.nn.evolved import check_evolved_config
+            check_evolved_config(self)
         if self.convolution != "none":
             from t2t.nn.lightweight_conv import check_convolution_config
             check_convolution_config(self)

@@ -169,8 +169,8 @@ class ExpertDense(nn.Module):
 class MoeBlock(nn.Module):
     """Drop-in for `MlpBlock`: [batch, length, embed] -> same, each row a routing group.
 
-    Every expert is an `MlpBlock` of the config's activations and d_ff (kernels `wi`/`wi_i`,
-    `wo` with a leading expert dimension), weighted by its gate.
+    Every expert is an `MlpBlock` of the config's activations and `moe_d_ff` (default d_ff;
+    kernels `wi`/`wi_i`, `wo` with a leading expert dimension), weighted by its gate.
     """
 
     config: TransformerConfig
@@ -200,7 +200,8 @@ class MoeBlock(nn.Module):
         hidden = None
         for i, act in enumerate(acts):
             name = "wi" if len(acts) == 1 else f"wi_{i}"
-            y = get_activation(act)(ExpertDense(cfg, cfg.d_ff, ("expert", "embed", "mlp"),
+            y = get_activation(act)(ExpertDense(cfg, cfg.moe_d_ff or cfg.d_ff,
+                                                ("expert", "embed", "mlp"),
                                                 name=name)(h))
             hidden = y if hidden is None else hidden * y
         hidden = nn.with_logical_constraint(hidden, ("expert", "expert_group", "length", "mlp"))

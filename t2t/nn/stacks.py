@@ -17,6 +17,7 @@ from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.embed import Embed, Embedder, project_embeddings, token_embed
+from t2t.nn.evolved import EvolvedLayer
 from t2t.nn.funnel import FunnelStack, pool_segments_to
 from t2t.nn.mixture_of_softmaxes import MixtureOfSoftmaxes
 from t2t.nn.moe import MOE_COLLECTION, is_moe_layer
@@ -25,6 +26,7 @@ from t2t.nn.position import RelativePositionBias
 from t2t.nn.product_key import is_pkm_layer
 from t2t.nn.transparent import TransparentMix, layer_memory
 from t2t.nn.universal import UniversalStack
+from t2t.nn.weighted import WeightedLayer
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole layer
@@ -34,9 +36,11 @@ REMAT_POLICIES = {
 
 
 def _layer_class(config: TransformerConfig, scanned: bool):
+    layer = {"weighted": WeightedLayer, "evolved": EvolvedLayer}.get(config.layer_type,
+                                                                     TransformerLayer)
     if config.remat_policy == "none":
-        return TransformerLayer
-    return nn.remat(TransformerLayer, policy=REMAT_POLICIES[config.remat_policy],
+        return layer
+    return nn.remat(layer, policy=REMAT_POLICIES[config.remat_policy],
                     prevent_cse=not scanned)
 
 

@@ -174,6 +174,38 @@ def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc:
     return dense, attention
 
 
+def _layer_type_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc: int,
+                      n_dec: int, causal_factor: float) -> tuple[float, float]:
+    """(dense, attention) FLOPs that `layer_type` adds to the plain count of one example:
+
+    * "weighted" (t2t/nn/weighted.py): every head's branch passes the FFN, ``F = (g+1)·2·d·F``
+      per token: H·F per branched attention (two in an encoder-decoder's decoder layer)
+      against the plain layer's one;
+    * "evolved" (t2t/nn/evolved.py), per token: encoder cell GLU 2·d·2d, 1x1 2·d·4d,
+      3x1 2·3·d·d/2, separable 9x1 2·9·4d + 2·4d·d/2; decoder cell the 2H-head
+      self-attention branch (2·4·d·2A, 4·T²·2A causal) and cross-attention branch, the
+      separable 11x1 (2·11·d + 2·d·2d) and 7x1 convolutions (2·7·d + 2·d·d/2,
+      2·7·2d + 2·2d·d), and its Swish FFN (one activation) in place of the config's.
+    """
+    d, a, h = config.d_model, config.num_heads * config.head_dim, config.num_heads
+    ffn = (len(config.mlp_activations) + 1) * 2 * d * config.d_ff
+    enc = n_enc if family in ("encoder", "encoder_decoder") else 0
+    dec = n_dec if family in ("decoder", "encoder_decoder") else 0
+    cross = family == "encoder_decoder"
+    dense = attention = 0.0
+    if config.layer_type == "weighted":
+        dense = enc * s * (h - 1) * ffn + dec * t * ((2 if cross else 1) * h - 1) * ffn
+    elif config.layer_type == "evolved":
+        dense += enc * s * (2 * d * 2 * d + 2 * d * 4 * d + 2 * 3 * d * (d // 2)
+                            + 2 * 9 * 4 * d + 2 * 4 * d * (d // 2))
+        per_token = (2 * 4 * d * 2 * a + 2 * 11 * d + 2 * d * 2 * d + 2 * 7 * d
+                     + 2 * d * (d // 2) + 2 * 7 * 2 * d + 2 * 2 * d * d
+                     + (2 - len(config.mlp_activations) - 1) * 2 * d * config.d_ff)
+        dense += dec * (t * per_token + (2 * 2 * d * a * (t + s) if cross else 0))
+        attention += dec * (4 * t * t * 2 * a * causal_factor + (4 * t * s * a if cross else 0))
+    return dense, attention
+
+
 def forward_flops_breakdown(config: TransformerConfig, family: str, *,
                             input_length: Optional[int] = None,
                             target_length: Optional[int] = None,
@@ -214,6 +246,8 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
         attention += n_dec * 4 * t * s * a
     dense, attention = (x + y for x, y in zip((dense, attention), _part_b_delta(
         config, family, s, t, n_enc, n_dec, causal_factor, per_token_layer)))
+    dense, attention = (x + y for x, y in zip((dense, attention), _layer_type_delta(
+        config, family, s, t, n_enc, n_dec, causal_factor)))
     if family == "encoder":
         positions = s if num_masked is None else num_masked
     else:

@@ -65,12 +65,13 @@ def test_paper_scales_size_the_rows_as_the_paper(scale):
 @pytest.mark.slow
 def test_equal_parameter_rows_have_the_papers_count_at_the_paper_scale():
     """Table 1 lists 223M for the vanilla model, the activations and norms, 224M / 223M for
-    the depth rows: within 1% here (T5 1.0 base's 32k vocabulary and relative biases)."""
+    the depth rows: within 1% here (T5 1.0 base's 32k vocabulary and relative biases); so
+    are the experts' 648M (top-2) and 1100M (Switch): 32 experts in 3 of 12 layers a stack."""
     grid = grid_lib.load_grid(GRID, "paper", ["T5_VOCABULARY = 'unused'"])
     paper = dict(zip(grid.paper_columns, zip(*grid.paper.values())))["Params"]
     params = dict(zip(grid.paper, paper))
     for cell in _part_a(grid):
-        if cell.label.startswith(("Synthesizer", "Universal", "Mixture", "Switch")):
+        if cell.label.startswith(("Synthesizer", "Universal")):
             continue                          # sized by their own parameters, not held equal
         _, count = _cell_params(grid, cell)
         assert count / 1e6 == pytest.approx(params[cell.label], rel=0.01), cell.label

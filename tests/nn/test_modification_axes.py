@@ -1,4 +1,5 @@
-"""The part A modifications' parameters carry logical axes, as every t2t parameter does."""
+"""The part A modifications' parameters (and the Weighted and Evolved Transformer layers')
+carry logical axes, as every t2t parameter does."""
 import flax.linen as nn
 import jax
 import pytest
@@ -17,7 +18,10 @@ from tests.nn.test_stacks import LOGICAL_NAMES
     dict(synthesizer="random_plus", synthesizer_length=8),
     dict(universal_steps=2, universal_act=True),
     dict(linformer_k=3, position_embedding="learned", max_length=8),
-], ids=["rezero", "fixup", "dense_plus_alpha", "factorized", "random_plus", "act", "linformer"])
+    dict(layer_type="weighted"),
+    dict(layer_type="evolved"),
+], ids=["rezero", "fixup", "dense_plus_alpha", "factorized", "random_plus", "act", "linformer",
+        "weighted", "evolved"])
 def test_every_parameter_has_logical_axes(changes):
     model = EncoderDecoder(T5_TINY.replace(**changes))
     boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens(1, (2, 6)),
