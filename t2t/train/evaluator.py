@@ -114,12 +114,13 @@ def predict_labels(model, params, features: Mapping[str, np.ndarray], *,
                    batch_size: int) -> np.ndarray:
     """Predictions [n] (label ids, or values for a regressor) of a classifier over its
     features (``classification_examples``'s for an encoder; any with a leading [n] axis)."""
+    import jax
     inputs = {k: v for k, v in features.items() if k not in ("label", "target")}
     n = len(next(iter(inputs.values())))
-    out = []
+    predict, out = jax.jit(model.predict), []    # one compile: every batch is padded alike
     for start, stop in _batches(n, batch_size):
         batch = {k: _pad_rows(v[start:stop], batch_size) for k, v in inputs.items()}
-        out.append(np.asarray(model.predict(params, batch)).reshape(-1)[:stop - start])
+        out.append(np.asarray(predict(params, batch)).reshape(-1)[:stop - start])
     return np.concatenate(out) if out else np.zeros(0)
 
 
