@@ -1,5 +1,6 @@
-"""XLNet fine-tuning heads: sequence classification and multiple choice (Yang et al. 2019,
-§3.3 and App. A.3; Hugging Face `XLNetForSequenceClassification` / `XLNetForMultipleChoice`).
+"""XLNet fine-tuning heads: sequence classification and multiple choice (Yang et al. 2019;
+the released code's `summarize_sequence` with summary_type "last", as Hugging Face's
+`XLNetForSequenceClassification` / `XLNetForMultipleChoice` do it).
 
 XLNet classifies from the *last* position: its inputs are `A [SEP] B [SEP] [CLS]`, padded on
 the left, with segment ids A = 0, B = 1, [CLS] = 2 (the released run_classifier.py's layout),
