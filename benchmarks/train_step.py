@@ -15,7 +15,7 @@ peak of its own precision (float32, or bf16 inputs with float32 accumulation), m
 start-up (``--peak`` gives the ``--peak-dtype`` one instead). t2t variants (levers):
 ``t2t`` (float32), ``t2t_bf16`` (bfloat16 matmuls, float32 accumulation and params),
 ``t2t_auto`` (``dtype="auto"``: whichever of the two this host prefers),
-``t2t_fused`` (``use_fused_attention``), ``t2t_bf16_fused``, ``t2t_nodropout``; the peers
+``t2t_fused`` (``attention_kernel="cudnn"``), ``t2t_bf16_fused``, ``t2t_nodropout``; the peers
 have ``torch_bf16`` (``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward and
 loss), ``hf_flax_nodropout`` and ``torch_nodropout`` (every dropout rate 0), against which
 ``t2t_nodropout`` rows are compared. HF Flax's BERT and GPT-2 draw one attention-dropout
@@ -276,8 +276,8 @@ IMPLS = {
     "t2t": lambda m: build_t2t(m)[0],
     "t2t_bf16": lambda m: build_t2t(m, dtype="bfloat16")[0],
     "t2t_auto": lambda m: build_t2t(m, dtype="auto")[0],
-    "t2t_fused": lambda m: build_t2t(m, use_fused_attention=True)[0],
-    "t2t_bf16_fused": lambda m: build_t2t(m, dtype="bfloat16", use_fused_attention=True)[0],
+    "t2t_fused": lambda m: build_t2t(m, attention_kernel="cudnn")[0],
+    "t2t_bf16_fused": lambda m: build_t2t(m, dtype="bfloat16", attention_kernel="cudnn")[0],
     "t2t_nodropout": lambda m: build_t2t(m, dropout_rate=0.0, attention_dropout_rate=0.0)[0],
     "hf_flax": build_hf_flax,
     "hf_flax_nodropout": lambda m: build_hf_flax(m, dropout=False),

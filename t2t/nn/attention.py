@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from t2t.nn import mixed_einsum
+from t2t.nn import attention_kernels, mixed_einsum
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.linformer import LowRankKeys
@@ -53,15 +53,26 @@ def combine_masks(*masks: Optional[jax.Array]) -> Optional[jax.Array]:
 
 # ------------------------------------------------------------------------- attention
 def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_rng,
-                          deterministic, dtype, fused=False):
+                          deterministic, dtype, kernel="xla"):
     """Softmax(q·kᵀ·scale + bias, masked) · v.
 
     q [batch, q_len, heads, head_dim], k/v [batch, k_len, heads, head_dim],
-    mask bool [batch|1, 1, q_len, k_len], bias [batch|1, heads, q_len, k_len].
-    `fused` uses jax.nn.dot_product_attention (cuDNN/TPU kernels); it has no
-    attention-probability dropout, so training with that dropout takes the plain path.
+    mask bool [batch|1, 1, q_len, k_len] (or a `SegmentedMask` carrying one),
+    bias [batch|1, heads, q_len, k_len]. `kernel` is `TransformerConfig.attention_kernel`
+    (t2t/nn/attention_kernels.py: "cudnn" is jax.nn.dot_product_attention, "splash" the
+    TPU kernel); neither has attention-probability dropout, so training with that dropout
+    takes the XLA path below.
     """
-    if fused and (deterministic or dropout_rate == 0.0):
+    kernel = attention_kernels.choose(
+        kernel, q_len=q.shape[1], k_len=k.shape[1], bias=bias is not None,
+        dropout=not deterministic and dropout_rate > 0.0,
+        structured=mask is None or isinstance(mask, attention_kernels.SegmentedMask),
+        batch_heads=(q.shape[0], q.shape[2]))
+    if kernel == "splash":
+        q = q * jnp.asarray(scale, q.dtype) if scale != 1.0 else q
+        return attention_kernels.splash_attention(q, k, v, mask)
+    mask = attention_kernels.dense(mask)
+    if kernel == "cudnn":
         b, ql, h, _ = q.shape
         kl = k.shape[1]
         if mask is not None:
@@ -148,6 +159,9 @@ class MultiHeadAttention(nn.Module):
             k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
 
+        if self.decode or self.use_prefix and cfg.prefix_length or synthetic or (
+                self.low_rank and cfg.linformer_k):       # these read the mask array
+            mask = attention_kernels.dense(mask)
         stepping = self.decode and self.has_variable("cache", "cached_key")
         if self.decode:                                # plain synthesizers cache v twice
             k, v = self._update_cache(v if k is None else k, v, decode_index)
@@ -171,7 +185,7 @@ class MultiHeadAttention(nn.Module):
             out = attend(logits, v, mask, **drop)
         else:
             out = dot_product_attention(q, k, v, mask, bias, scale=scale,
-                                        fused=cfg.use_fused_attention, **drop)
+                                        kernel=cfg.attention_kernel, **drop)
         out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         out = fixup_bias(self, "fixup_bias_out", out)  # Fixup: a scalar bias before `out`
         out_init = fixup_init(cfg, kernel_init(cfg, in_axis=(0, 1), out_axis=2,

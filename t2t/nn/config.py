@@ -19,6 +19,7 @@ OUTPUT_LAYERS = ("softmax", "adaptive_softmax", "mixture_of_softmaxes")
 CONVOLUTIONS = ("none", "lightweight", "dynamic")
 RESIDUAL_SCALINGS = ("none", "rezero", "fixup")
 LAYER_TYPES = ("transformer", "weighted", "evolved")
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "splash")   # t2t/nn/attention_kernels.py
 SYNTHESIZERS = ("none", "dense", "dense_plus", "dense_plus_alpha", "factorized", "random",
                 "random_plus", "random_plus_alpha")
 
@@ -74,7 +75,8 @@ class TransformerConfig:
     #   only mark the prompt)
 
     attention_scale: str = "sqrt"     # "sqrt": q·k / sqrt(head_dim); "folded": in q init (T5)
-    use_fused_attention: bool = False  # jax.nn.dot_product_attention (cuDNN / TPU kernels)
+    attention_kernel: str = "auto"    # xla | cudnn (jax.nn.dot_product_attention) | splash
+    #   (TPU Pallas kernel) | auto: splash on TPU, cuDNN on GPU, XLA on CPU (attention_kernels.py)
     prefix_length: int = 0            # prefix tuning (Li & Liang 2021): learned key/value
     #   slots [prefix_length, heads, head_dim] before every self-attention's keys; 0 = none
     adapter_size: int = 0             # Houlsby et al. 2019 adapters: a bottleneck of this
@@ -202,6 +204,7 @@ class TransformerConfig:
             from t2t.nn.product_key import check_pkm_config
             check_pkm_config(self)
         _check_choice("convolution", self.convolution, CONVOLUTIONS)
+        _check_choice("attention_kernel", self.attention_kernel, ATTENTION_KERNELS)
         _check_choice("layer_type", self.layer_type, LAYER_TYPES)
         if self.layer_type == "weighted":
             from t2t.nn.weighted import check_weighted_config

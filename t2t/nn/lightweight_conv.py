@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from t2t.errors import ConfigError
+from t2t.nn import attention_kernels
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 
@@ -50,6 +51,7 @@ def conv_windows(keys: jax.Array, mask: Optional[jax.Array], q_index: jax.Array,
     valid = ((pos >= 0) & (pos < keys.shape[1]))[None]                    # [1, l, k]
     safe = jnp.clip(pos, 0, keys.shape[1] - 1)
     windows = jnp.take(keys, safe, axis=1)                                # [b, l, k, d]
+    mask = attention_kernels.dense(mask)
     if mask is not None:                                                  # [b|1, 1, l, T]
         rows = mask[:, 0]
         valid = valid & jnp.take_along_axis(rows, jnp.broadcast_to(

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from t2t.nn.adaptive_softmax import AdaptiveSoftmax
 from t2t.nn.attention import causal_mask, combine_masks, prefix_lm_mask, segment_mask
+from t2t.nn.attention_kernels import structured_mask
 from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
@@ -156,6 +157,7 @@ class Encoder(nn.Module):
         mask = combine_masks(  # [batch|1, 1, length, length]
             causal_mask(input_tokens.shape[1]) if cfg.encoder_causal else None,
             None if segment_ids is None else segment_mask(segment_ids, segment_ids))
+        mask = structured_mask(cfg, mask, segment_ids, segment_ids, cfg.encoder_causal)
         bias = None
         if cfg.position_embedding == "relative":
             idx = jnp.arange(input_tokens.shape[1])
@@ -240,6 +242,9 @@ class Decoder(nn.Module):
             if decoder_segment_ids is not None:
                 self_mask = combine_masks(self_mask, segment_mask(decoder_segment_ids,
                                                                   decoder_segment_ids))
+            if decoder_causal_attention is None and not decode:
+                self_mask = structured_mask(cfg, self_mask, decoder_segment_ids,
+                                            decoder_segment_ids, causal=True)
             idx = jnp.arange(length)
             self_bias = None if relpos is None else relpos(idx, idx)
 
@@ -252,6 +257,8 @@ class Decoder(nn.Module):
             q_segments = (jnp.ones_like(tokens) if decoder_segment_ids is None or decode
                           else decoder_segment_ids)
             cross_mask = segment_mask(q_segments, encoder_segment_ids)
+            if not decode:
+                cross_mask = structured_mask(cfg, cross_mask, q_segments, encoder_segment_ids)
 
         table = token_embed(cfg) if self.token_embedder is None else self.token_embedder
         x = Embedder(cfg, table, deterministic, name="embedder")(tokens, positions)

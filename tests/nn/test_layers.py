@@ -104,7 +104,7 @@ def test_fused_attention_matches_plain():
     kw = dict(scale=8 ** -0.5, dropout_rate=0.0, dropout_rng=None, deterministic=True,
               dtype=jnp.float32)
     plain = dot_product_attention(q, k, v, mask, bias, **kw)
-    fused = dot_product_attention(q, k, v, mask, bias, fused=True, **kw)
+    fused = dot_product_attention(q, k, v, mask, bias, kernel="cudnn", **kw)
     assert max_diff(plain, fused) < 1e-5
 
 

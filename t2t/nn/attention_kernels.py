@@ -1,0 +1,179 @@
+"""Which kernel computes attention (`TransformerConfig.attention_kernel`), and the TPU one.
+
+- "xla": t2t's own einsum → masked float32 softmax → einsum (t2t/nn/attention.py); the
+  [batch, heads, q_len, k_len] logits live in memory.
+- "cudnn": `jax.nn.dot_product_attention` (cuDNN's fused kernel on an NVIDIA GPU, XLA's
+  implementation of the same function elsewhere).
+- "splash": the Pallas splash-attention kernel for TPUs
+  (`jax.experimental.pallas.ops.tpu.splash_attention`): FlashAttention's blockwise online
+  softmax (Dao et al. 2022, Algorithm 1), which never materialises the logits, with
+  block-sparse causal and packed-segment masks. Off a TPU it runs in Pallas' interpreter
+  (slow; for tests).
+- "auto": splash on a TPU, cuDNN on a GPU, XLA elsewhere (the CPU).
+
+Splash takes no additive bias and has no attention-probability dropout, and it needs the
+mask as structure (causal, segment ids) rather than as a dense boolean array; lengths must
+be multiples of its 128-wide blocks. Where a layer cannot use the kernel asked for, it
+falls back to XLA and says why in one log line (T5's relative position bias is the usual
+reason). The platform is the one the step is compiled for: the mesh's devices under
+`jax.set_mesh` (a TPU slice in `t2t compile`), else JAX's default backend.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+_log = logging.getLogger(__name__)
+
+KERNELS = ("auto", "xla", "cudnn", "splash")
+AUTO = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "cudnn"}
+SPLASH_BLOCK = 128     # the kernel's default q and kv block: lengths must be multiples
+QKV_AXES = ("batch", "length", "heads", "kv")
+
+
+@flax.struct.dataclass
+class SegmentedMask:
+    """An attention mask with its structure kept for a kernel: `dense` bool [batch|1, 1,
+    q_len, k_len] is what XLA attention reads (and drops when unused); the kernel reads the
+    segment ids [batch, q_len] / [batch, k_len] (None: one segment, no padding) and
+    `causal`. The stacks build it only where splash may run (`wants_structure`)."""
+
+    dense: Optional[jax.Array]
+    q_segments: Optional[jax.Array] = None
+    k_segments: Optional[jax.Array] = None
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def dense(mask):
+    """The boolean mask array of `mask` (a SegmentedMask, an array or None)."""
+    return mask.dense if isinstance(mask, SegmentedMask) else mask
+
+
+def target_platform() -> str:
+    """"tpu", "gpu", "cpu", ...: the platform of the mesh being traced for, else JAX's."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
+def resolve(kernel: str, platform: Optional[str] = None) -> str:
+    """The kernel `kernel` names on `platform` (default: `target_platform()`)."""
+    if kernel != "auto":
+        return kernel
+    return AUTO.get(platform or target_platform(), "xla")
+
+
+def wants_structure(kernel: str, platform: Optional[str] = None) -> bool:
+    """Whether the stacks should pass SegmentedMasks (the kernel resolves to splash)."""
+    return resolve(kernel, platform) == "splash"
+
+
+def choose(kernel: str, *, q_len: int, k_len: int, bias: bool, dropout: bool,
+           structured: bool, platform: Optional[str] = None,
+           batch_heads: Optional[tuple] = None) -> str:
+    """"xla", "cudnn" or "splash" for one attention call; a fallback to XLA is logged
+    once with its reason. `structured`: the mask is None or a SegmentedMask;
+    `batch_heads`: (batch, heads), checked against the mesh's split of them."""
+    chosen = resolve(kernel, platform)
+    if chosen == "cudnn" and dropout:
+        return _fall_back(kernel, chosen, "attention-probability dropout in training")
+    if chosen != "splash":
+        return chosen
+    if bias:
+        return _fall_back(kernel, chosen, "an additive attention bias (T5's relative "
+                          "position bias)")
+    if dropout:
+        return _fall_back(kernel, chosen, "attention-probability dropout in training")
+    if not structured:
+        return _fall_back(kernel, chosen, "a dense mask (prefix LM, decoding, or a layer "
+                          "type that builds its own)")
+    if q_len % SPLASH_BLOCK or k_len % SPLASH_BLOCK:
+        return _fall_back(kernel, chosen, f"lengths {q_len} x {k_len} are not multiples "
+                          f"of its {SPLASH_BLOCK}-wide blocks")
+    ways = _mesh_ways()
+    if batch_heads is not None and ways is not None and any(
+            n % w for n, w in zip(batch_heads, ways)):
+        return _fall_back(kernel, chosen, f"(batch, heads) {tuple(batch_heads)} that the "
+                          f"mesh does not split evenly {ways} (the parameter check says so)")
+    return "splash"
+
+
+def _mesh_ways() -> Optional[tuple]:
+    """(ways the batch is split, ways the heads are) on the current mesh, or None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    spec = nn.logical_to_mesh_axes(QKV_AXES)
+
+    def ways(axes):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+        return math.prod(mesh.shape[a] for a in axes)
+
+    return ways(spec[0]), ways(spec[2])
+
+
+@functools.lru_cache(maxsize=None)
+def _fall_back(kernel: str, chosen: str, reason: str) -> str:
+    _log.info("attention_kernel=%r: %s cannot take %s; this attention runs on XLA",
+              kernel, chosen, reason)
+    return "xla"
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                     mask: Optional[SegmentedMask]) -> jax.Array:
+    """softmax(q·kᵀ, masked)·v by the splash kernel: q [batch, q_len, heads, head_dim]
+    (already scaled), k/v [batch, k_len, heads, head_dim] -> [batch, q_len, heads,
+    head_dim]. Under a mesh the kernel runs per device in `jax.shard_map`, the batch and
+    heads split as the logical-axis rules split them."""
+    causal = mask is not None and mask.causal
+    q_seg = None if mask is None else mask.q_segments
+    k_seg = None if mask is None else mask.k_segments
+    if (q_seg is None) != (k_seg is None):     # one side packed: the other is one segment
+        q_seg = jnp.ones(q.shape[:2], jnp.int32) if q_seg is None else q_seg
+        k_seg = jnp.ones(k.shape[:2], jnp.int32) if k_seg is None else k_seg
+    interpret = target_platform() != "tpu"
+    local = functools.partial(_splash_local, causal=causal, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return local(q, k, v, q_seg, k_seg)
+    spec = P(*nn.logical_to_mesh_axes(QKV_AXES))
+    if spec[1] is not None:
+        raise ValueError(f"splash attention cannot split the length over the mesh ({spec})")
+    seg_spec = None if q_seg is None else P(spec[0], None)
+    return jax.shard_map(local, in_specs=(spec, spec, spec, seg_spec, seg_spec),
+                         out_specs=spec, check_vma=False)(q, k, v, q_seg, k_seg)
+
+
+def _splash_local(q, k, v, q_seg, k_seg, *, causal: bool, interpret: bool):
+    """One device's share: the kernel over its heads, vmapped over its rows."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    (_, q_len, heads, _), k_len = q.shape, k.shape[1]
+    one = splash.CausalMask((q_len, k_len)) if causal else splash.FullMask((q_len, k_len))
+    kernel = splash.make_splash_mha(splash.MultiHeadMask([one] * heads), head_shards=1,
+                                    q_seq_shards=1, interpret=interpret)
+
+    def row(q, k, v, qs, ks):          # [len, heads, head_dim] -> [heads, len, head_dim]
+        segments = None if qs is None else splash.SegmentIds(qs, ks)
+        out = kernel(q.swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1),
+                     segment_ids=segments)
+        return out.swapaxes(0, 1)
+
+    return jax.vmap(row)(q, k, v, q_seg, k_seg).astype(q.dtype)
+
+
+def structured_mask(config, mask: Optional[jax.Array], q_segments: Optional[jax.Array],
+                    k_segments: Optional[jax.Array], causal: bool = False):
+    """`mask` (what `causal` and the segment ids [batch, len] make) as a SegmentedMask where
+    `config.attention_kernel` resolves to splash on this platform, else `mask` itself."""
+    if not wants_structure(config.attention_kernel):
+        return mask
+    return SegmentedMask(mask, q_segments, k_segments, causal)
