@@ -29,6 +29,10 @@ none of it; docs/data.md has the sizes):
   debian-handbook (en-US), debian-policy. GPL-2+; maint-guide MIT-style; handbook GPL-2+
   or CC-BY-SA-3.0.
 * postgresql_docs: postgresql-doc-N's HTML manual. PostgreSQL License (BSD-like).
+* linux_docs: linux-doc-N's ``_sources`` (the kernel's Documentation/, English: no
+  translations/). GPL-2.
+* server_docs: the English manuals of apache2-doc, exim4-doc-html, postfix-doc (HTML).
+  Apache-2.0, GPL-2+, IPL-1.0 or EPL-2.0.
 * commentaries: sword-comm-tdavid, -mhcc, -scofield: Spurgeon's The Treasury of David
   (1885), Matthew Henry's Concise Commentary, the Scofield Reference Notes (1917). Public
   domain.
@@ -273,6 +277,11 @@ INFO_PACKAGES = ("coreutils", "grep", "sed", "findutils", "diffutils", "gzip", "
                  "guile-3.0-doc", "r-doc-info", "octave-doc", "maxima-doc", "zsh-doc",
                  "gnuplot-doc", "mit-scheme-doc", "texinfo", "sbcl-doc", "gnu-standards",
                  "m4", "units", "mtools", "nano", "sharutils", "gperf", "indent", "ed", "bc")
+# The Linux kernel's documentation (Sphinx, reST sources), newest release first.
+LINUX_DOC_PACKAGES = ("linux-doc-6.12", "linux-doc-6.1", "linux-doc-5.10")
+SERVER_DOC_PACKAGES = ("apache2-doc", "exim4-doc-html", "postfix-doc")
+_SERVER_DOC_PATTERN = (r"^\./usr/share/doc/(apache2-doc/manual/en/.+|exim4-doc-html/.+"
+                       r"|postfix/html/.+)\.html$")
 POSTGRESQL_DOC_PACKAGES = tuple(f"postgresql-doc-{v}" for v in range(18, 12, -1))
 
 CORPUS_BUILDERS = [
@@ -335,6 +344,15 @@ CORPUS_BUILDERS += [
                        "scikit-learn, astropy, SymPy, Dask, xarray, Celery, Flask, Werkzeug, "
                        "Jinja, Pygments), MIT (pytest, setuptools, Bottle, attrs), Apache-2.0 "
                        "(Cython, Requests)")),
+    Builder("linux_docs", "The Linux kernel's documentation, reST sources as prose (Debian "
+            "linux-doc-N)", ("apt-get", "dpkg-deb"),
+            deb_corpus("linux_docs", LINUX_DOC_PACKAGES,
+                       r"/html/_sources/(?!translations/).+\.txt$", rst_documents, "GPL-2",
+                       first_of=True)),
+    Builder("server_docs", "The Apache httpd, Exim and Postfix manuals, HTML as prose "
+            "(Debian apache2-doc, exim4-doc-html, postfix-doc)", ("apt-get", "dpkg-deb"),
+            deb_corpus("server_docs", SERVER_DOC_PACKAGES, _SERVER_DOC_PATTERN, doc_documents,
+                       "Apache-2.0 (httpd), GPL-2+ (Exim), IPL-1.0 or EPL-2.0 (Postfix)")),
     Builder("info_manuals", "Manuals in info form: coreutils, bash, autoconf, Guile, R, "
             "Octave, Maxima, zsh, gnuplot, ... (Debian)", ("apt-get", "dpkg-deb"),
             deb_corpus("info_manuals", INFO_PACKAGES, r"/usr/share/info/.+\.info(-\d+)?\.gz$",
