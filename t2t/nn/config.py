@@ -151,6 +151,9 @@ class TransformerConfig:
     convolution: str = "none"         # Wu et al. 2019 in place of self-attention: lightweight |
     #   dynamic (t2t/nn/lightweight_conv.py); "none" = attention
     conv_kernel_size: int = 9         # k (Narang et al. appendix B: width 9)
+    conv_groups: int = 0              # channels sharing a kernel come in this many groups;
+    #   0 = num_heads (Wu et al.), d_model = a kernel per channel (Narang et al.'s layer)
+    conv_pointwise: bool = False      # a pointwise d -> d map after the taps (separable conv)
     layer_type: str = "transformer"   # "weighted": Ahmed et al. 2017's branched attention
     #   (t2t/nn/weighted.py); "evolved": So et al. 2019's cells (t2t/nn/evolved.py)
 

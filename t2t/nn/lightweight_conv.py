@@ -11,6 +11,10 @@ dropout", DropConnect, at the attention dropout rate):
     DynamicConv(X)_{i,c} = the same with W_h = (W^Q X_i)_h, a kernel predicted from the
                            current position by a linear map d -> H·k (eq. 4)
 
+`conv_groups` sets H apart from the heads (d: a kernel per channel) and `conv_pointwise`
+adds a pointwise d -> d map with bias after the taps (a separable convolution): the block
+Narang et al. 2021 ran (4 d² like attention, not Wu et al.'s 3 d²; Table 1's counts).
+
 Encoder kernels are centred (p = (k - 1) / 2); decoder kernels see the current and the
 k - 1 previous positions only (p = k - 1, causal). Taps outside the sequence or outside
 the attention mask (padding, other packed segments) contribute 0, like the paper's zero
@@ -34,10 +38,11 @@ from t2t.nn.dense import Dense, kernel_init
 
 def check_convolution_config(cfg: TransformerConfig) -> None:
     """One-line errors for convolution options that cannot work (TransformerConfig)."""
-    if cfg.conv_kernel_size < 1 or cfg.d_model % cfg.num_heads:
+    groups = cfg.conv_groups or cfg.num_heads
+    if cfg.conv_kernel_size < 1 or cfg.conv_groups < 0 or cfg.d_model % groups:
         raise ConfigError(f"convolutions need conv_kernel_size >= 1 and d_model divisible by "
-                          f"num_heads (the channel groups), got {cfg.conv_kernel_size} and "
-                          f"{cfg.d_model} / {cfg.num_heads}")
+                          f"the channel groups (conv_groups, default num_heads), got "
+                          f"{cfg.conv_kernel_size} and {cfg.d_model} / {groups}")
     if cfg.share_encoder_decoder or cfg.funnel_blocks:
         raise ConfigError("convolution needs share_encoder_decoder=False (encoder kernels are "
                           "centred, decoder kernels causal) and funnel_blocks=()")
@@ -76,7 +81,8 @@ class ConvolutionBlock(nn.Module):
     positions unused) so a layer can hold it as its self-attention.
 
     Parameters: `input` [d, 2, d] (the GLU's two halves), `kernel` [H, k] (lightweight) or
-    `kernel_proj` [d, H, k] (dynamic), `out` [d, d].
+    `kernel_proj` [d, H, k] (dynamic), `pointwise` [d, d] + bias (`conv_pointwise`),
+    `out` [d, d]; H = `conv_groups` or num_heads.
     """
 
     config: TransformerConfig
@@ -89,7 +95,7 @@ class ConvolutionBlock(nn.Module):
                  bias=None, q_positions=None, k_positions=None,
                  decode_index: Optional[jax.Array] = None) -> jax.Array:
         cfg = self.config
-        d, h, k = cfg.d_model, cfg.num_heads, cfg.conv_kernel_size
+        d, h, k = cfg.d_model, cfg.conv_groups or cfg.num_heads, cfg.conv_kernel_size
         dense = lambda feats, axes, name, init: Dense(  # noqa: E731
             feats, axes, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
             param_dtype=cfg.params_dtype, kernel_init=init, name=name)
@@ -113,6 +119,10 @@ class ConvolutionBlock(nn.Module):
         q_index = start + jnp.arange(u.shape[1])
         windows, valid = conv_windows(keys, mask, q_index, k, left)
         out = depthwise_conv(windows, weights, valid).astype(cfg.compute_dtype)  # [b, l, d]
+        if cfg.conv_pointwise:                                       # separable: taps, then
+            out = Dense(d, ("mlp", None), use_bias=True, dtype=cfg.compute_dtype,  # d -> d
+                        param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
+                        name="pointwise")(out)
         return dense(d, ("mlp", "embed"), "out", kernel_init(cfg))(out)
 
     def _cached(self, u: jax.Array, decode_index):

@@ -124,8 +124,9 @@ def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc:
     count of one example (negative where they save):
 
     * convolutions (t2t/nn/lightweight_conv.py) in place of self-attention: GLU input
-      2·d·2d and output 2·d·d per token, the depthwise taps 2·d·k and the dynamic kernels
-      2·d·H·k, against q, k, v, o (2·4·d·A) and the attention products;
+      2·d·2d and output 2·d·d per token (the pointwise map another 2·d·d), the depthwise taps
+      2·d·k and the dynamic kernels 2·d·H·k, against q, k, v, o (2·4·d·A) and the attention
+      products;
     * the funnel (t2t/nn/funnel.py): block i runs on ceil(S / 2^i) tokens, its first layer
       attending to the previous block's length; the decoder's cross-attention reads the
       pooled memory;
@@ -139,8 +140,10 @@ def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc:
     enc = family in ("encoder", "encoder_decoder")
     dec = family in ("decoder", "encoder_decoder")
     if config.convolution != "none":
-        k, h = config.conv_kernel_size, config.num_heads
+        k, h = config.conv_kernel_size, config.conv_groups or config.num_heads
         per_token = 2 * 3 * d * d - 2 * 4 * d * a + 2 * d * k
+        if config.conv_pointwise:
+            per_token += 2 * d * d
         if config.convolution == "dynamic":
             per_token += 2 * d * h * k
         for layers, n, cf in ((n_enc if enc else 0, s, 1.0), (n_dec if dec else 0, t,

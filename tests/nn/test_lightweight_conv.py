@@ -63,6 +63,33 @@ def test_block_is_glu_then_normalised_depthwise_conv_then_projection(kind, causa
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["lightweight", "dynamic"])
+def test_per_channel_kernels_and_the_pointwise_map_make_a_separable_convolution(kind):
+    """conv_groups = d (a kernel per channel) and conv_pointwise (d -> d + bias after the
+    taps): Narang et al.'s block, GLU -> separable convolution -> projection."""
+    cfg = CFG.replace(convolution=kind, conv_groups=32, conv_pointwise=True)
+    block = ConvolutionBlock(cfg, causal=True)
+    x = np.random.default_rng(2).normal(size=(2, 5, 32)).astype(np.float32)
+    params = init(block, jnp.asarray(x))
+    p = {k: {n: np.asarray(w, np.float64) for n, w in v.items()} if isinstance(v, dict)
+         else np.asarray(v, np.float64) for k, v in params.items()}
+    gates = np.einsum("bld,dge->blge", x, p["input"]["kernel"])
+    u = gates[..., 0, :] / (1 + np.exp(-gates[..., 1, :]))                   # [b, l, d]
+    if kind == "dynamic":                                                    # [b, l, d, k]
+        kernels = _softmax(np.einsum("blc,chk->blhk", u, p["kernel_proj"]["kernel"]))
+    else:
+        kernels = np.broadcast_to(_softmax(p["kernel"]), (2, 5, 32, 3))
+    taps = np.zeros_like(u)
+    for i, j in np.ndindex(5, 3):                                            # causal: i-2+j
+        if i - 2 + j >= 0:
+            taps[:, i] += kernels[:, i, :, j] * u[:, i - 2 + j]
+    ref = (taps @ p["pointwise"]["kernel"] + p["pointwise"]["bias"]) @ p["out"]["kernel"]
+    np.testing.assert_allclose(block.apply({"params": params}, jnp.asarray(x)), ref,
+                               rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match="channel groups"):
+        CFG.replace(convolution=kind, conv_groups=5)
+
+
 def test_weight_dropout_drops_normalised_kernel_taps_in_training_only():
     cfg = CFG.replace(convolution="lightweight", attention_dropout_rate=0.5)
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 32)), jnp.float32)
