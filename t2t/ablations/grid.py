@@ -28,7 +28,7 @@ from t2t.run.configurables import configurable
 
 STAGES = ("pretrain", "finetune")
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
-              "description", "averages", "splits", "task_finetune"}
+              "description", "averages", "splits", "task_finetune", "heldout_early"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,7 @@ class Scale:
     averages: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (column, tasks): T5's "GLUE"
     splits: Tuple[Tuple[str, str], ...] = ()   # (task, split) where not `split` (MNLI)
     task_finetune: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (task, extra lines): SQuAD
+    heldout_early: int = 0                # also score `heldout` at this pretraining step
 
     def split_of(self, task: str) -> str:
         return dict(self.splits).get(task, self.split)
@@ -165,7 +166,8 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
                  tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
                  tuple(heldout) if heldout else None, spec.get("eval_examples"),
                  spec.get("split", "validation"), spec.get("description", ""), averages,
-                 tuple(dict(spec.get("splits", {})).items()), task_finetune)
+                 tuple(dict(spec.get("splits", {})).items()), task_finetune,
+                 int(spec.get("heldout_early", 0)))
 
 
 @configurable

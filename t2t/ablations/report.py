@@ -23,8 +23,10 @@ def metric_value(result: Dict[str, Any], task: str, metric: str) -> Optional[flo
     return None if value is None else float(value)
 
 
-def heldout_perplexity(result: Dict[str, Any]) -> Optional[float]:
-    held = result["pretrain"].get("heldout")
+def heldout_perplexity(result: Dict[str, Any], key: str = "heldout") -> Optional[float]:
+    """exp of the held-out loss after pretraining (`key="heldout_early"`: at the scale's
+    early step)."""
+    held = result["pretrain"].get(key)
     if not held or held.get(held["metric"]) is None:
         return None
     return math.exp(min(float(held[held["metric"]]), 50.0))
@@ -47,6 +49,9 @@ def columns(grid: Grid) -> List[Tuple[str, Any]]:
              for task, metric in grid.scale.tasks if task not in grouped]
     if grid.scale.heldout:
         cols.insert(0, ("held-out ppl", heldout_perplexity))
+    if grid.scale.heldout and grid.scale.heldout_early:
+        cols.insert(0, (f"held-out ppl at {grid.scale.heldout_early}",
+                        lambda r: heldout_perplexity(r, "heldout_early")))
     return cols
 
 
@@ -155,9 +160,11 @@ def _copied(stages: Sequence[Mapping[str, Any]]) -> str:
 
 def compute_table(grid: Grid, results: Results) -> str:
     """Per cell (mean over its seeds): parameters, pretraining steps/tokens/FLOPs/wall,
-    fine-tuning FLOPs and wall summed over the downstream tasks."""
+    fine-tuning FLOPs and wall summed over the downstream tasks, and the CPU seconds of every
+    stage (the load-independent cost, where the runner recorded it)."""
     header = ["cell", "seeds", "params", "pretrain steps", "pretrain tokens", "pretrain FLOPs",
-              "pretrain wall", "fine-tune steps", "fine-tune FLOPs", "fine-tune + eval wall"]
+              "pretrain wall", "fine-tune steps", "fine-tune FLOPs", "fine-tune + eval wall",
+              "CPU"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in grid.cells:
         found = results.get(cell.key, [])
@@ -176,8 +183,21 @@ def compute_table(grid: Grid, results: Results) -> str:
             f"{mean(lambda r: ft(r, 'steps')):.0f}",
             _human(mean(lambda r: ft(r, "flops"))),
             f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"
-            + _copied([s for r in found for s in r["finetune"].values()])]) + " |")
+            + _copied([s for r in found for s in r["finetune"].values()]),
+            _cpu(found)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cpu(found: Sequence[Mapping[str, Any]]) -> str:
+    """Mean CPU seconds of a cell: pretraining, its held-out scores, every fine-tuning and
+    scoring; '–' for results from before the runner recorded them."""
+    def total(r):
+        pre = r["pretrain"]
+        parts = [pre.get("cpu_s")] + [s.get("cpu_s") for s in r["finetune"].values()]
+        parts += [pre[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in pre]
+        return None if None in parts else sum(parts)
+    totals = [total(r) for r in found]
+    return "–" if None in totals else f"{statistics.fmean(totals):.0f} s"
 
 
 def check_plotting() -> None:

@@ -10,6 +10,7 @@ nothing: ``config.sha256`` in the stage directory records what it ran. Directory
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import glob
 import hashlib
@@ -195,7 +196,6 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     """(stage, fingerprint): the cell's pretraining (resumed, or reused when it finished
     with this configuration, or copied from another grid's under `out_dir` that did),
     then the scale's held-out score if it has one."""
-    from t2t.data import tasks as tasks_lib
     from t2t.run import experiment as experiment_lib
     from t2t.train.trainer import fit
     files, bindings = stage_config(grid, grid.scale.pretrain + cell.pretrain)
@@ -214,19 +214,61 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
         return stage, sha
     progress("pretraining")
     experiment_lib.write_operative_config(exp)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
+    early = _early_heldout(grid, exp, model_dir, config_str, progress)
+    if early is not None and early.get("stopped_by") == "preempted":
+        return early, sha
     result = fit(exp.trainer, exp.data(), config_str=config_str)
     stage = {**_compute(result, time.perf_counter() - start), **_model_facts(exp),
-             "stopped_by": result.stopped_by}
+             "stopped_by": result.stopped_by, "cpu_s": round(time.process_time() - cpu, 1)}
     stage["forward_flops_per_row"] = forward_flops_per_row(exp.trainer.model, result)
     if grid.scale.heldout and result.stopped_by == "done":
-        task, metric = grid.scale.heldout
-        exp.eval_task = tasks_lib.get_task(task)
-        scores = exp.trainer.evaluate(result.state.params, exp.eval_data(), steps=None)
-        stage["heldout"] = {"task": task, "metric": metric, **scores}
+        stage["heldout"] = _score_heldout(grid, exp, result.state.params)
+        if early is not None:
+            stage["heldout_early"] = early
     if stage["stopped_by"] == "done":
         _write(os.path.join(model_dir, "stage.json"), stage)
     return stage, sha
+
+
+def _score_heldout(grid: Grid, exp, params) -> Dict[str, Any]:
+    """The scale's held-out task scored on its whole split, with its wall and CPU seconds."""
+    from t2t.data import tasks as tasks_lib
+    start, cpu = time.perf_counter(), time.process_time()
+    task, metric = grid.scale.heldout
+    exp.eval_task = tasks_lib.get_task(task)
+    scores = exp.trainer.evaluate(params, exp.eval_data(), steps=None)
+    return {"task": task, "metric": metric, **scores,
+            "wall_s": round(time.perf_counter() - start, 1),
+            "cpu_s": round(time.process_time() - cpu, 1)}
+
+
+def _early_heldout(grid: Grid, exp, model_dir: str, config_str: str,
+                   progress: Callable[[str], None]) -> Optional[Dict[str, Any]]:
+    """With the scale's `heldout_early` step (Narang et al.'s "early loss"): train to that
+    step (it checkpoints there), score the held-out task, and leave the rest of the
+    pretraining to the caller's `fit`, which resumes from that checkpoint. The score is
+    kept in `early.json`, so a resumed stage does not train or score it again."""
+    from t2t.train.trainer import fit
+    step = grid.scale.heldout_early
+    if not (grid.scale.heldout and step):
+        return None
+    path = os.path.join(model_dir, "early.json")
+    done = _read(path)
+    if done is not None:
+        return done
+    full = exp.trainer.config
+    exp.trainer.config = dataclasses.replace(full, train_steps=step)
+    try:
+        result = fit(exp.trainer, exp.data(), config_str=config_str)
+    finally:
+        exp.trainer.config = full
+    if result.stopped_by != "done":
+        return {"stopped_by": result.stopped_by}
+    progress(f"held-out score at step {step}")
+    early = {"step": step, **_score_heldout(grid, exp, result.state.params)}
+    _write(path, early)
+    return early
 
 
 def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
@@ -258,12 +300,14 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
         experiment_lib.write_operative_config(exp)
         return stage
     progress(f"fine-tuning on {task}")
+    cpu = time.process_time()
     out = finetune_lib.run([split], exp=exp)
     if out["metrics"] is None:
         return {"stopped_by": "preempted"}
     stage = _compute(out["result"], out["train_seconds"])
     stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done", split=split,
-                 metrics=out["metrics"][f"{task}/{split}"])
+                 metrics=out["metrics"][f"{task}/{split}"],
+                 cpu_s=round(time.process_time() - cpu, 1))   # training and scoring
     _write(os.path.join(model_dir, "stage.json"), stage)
     return stage
 

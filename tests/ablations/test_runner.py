@@ -215,3 +215,25 @@ def test_a_preempted_stage_stops_the_grid_with_exit_75(tmp_path, monkeypatch):
     code = main(["ablate", str(path), "--scale=tiny", f"--out_dir={tmp_path / 'runs'}",
                  f"--docs_dir={tmp_path / 'docs'}"])
     assert code == 75 and len(calls) == 1 and not (tmp_path / "docs").exists()
+
+
+def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tmp_path):
+    """`heldout_early`: the stage trains to that step, scores the held-out task, resumes to
+    the end (the same final loss as the uninterrupted cell), and records both scores with
+    their CPU seconds; the report gets an early column."""
+    grid_text = GRID.replace("'eval_examples': 8,", "'eval_examples': 8, 'heldout_early': 1, "
+                             "'heldout': ['bible_web_span_corruption_validation', 'loss'],")
+    path = tmp_path / "micro.gin"
+    path.write_text(grid_text)
+    out = tmp_path / "runs"
+    grid = grid_lib.load_grid(str(path), "tiny")
+    cell = grid.cells[0]
+    pre, _ = runner.pretrain(grid, cell, 0, runner.pretrain_dir(str(out), grid, cell, 0))
+    early, final = pre["heldout_early"], pre["heldout"]
+    assert early["step"] == 1 and pre["steps"] == 2 and early["loss"] != final["loss"]
+    assert min(early["cpu_s"], final["cpu_s"], pre["cpu_s"]) > 0
+    plain = runner.load_results(ran[0], ran[1])[cell.key][0]["pretrain"]
+    assert pre["final_loss"] == pytest.approx(plain["final_loss"], abs=1e-6)
+    assert [c for c, _ in report.columns(grid)][:2] == ["held-out ppl at 1", "held-out ppl"]
+    table = report.compute_table(ran[0], runner.load_results(ran[0], ran[1]))
+    assert all(line.endswith(" s |") for line in table.splitlines()[2:])   # CPU seconds
