@@ -4,7 +4,8 @@ on experiments/gpt1_format_paraphrase.gin (similarity) and gpt1_format_next_vers
 (multiple choice). Each run is one `t2t finetune` command, one at a time (nice 10), every
 row once before the next seed; a rerun with the same --out skips the runs already in its
 gpt1_format_table.json. Prints a markdown table: validation accuracy, mean ± half the
-spread over the seeds, and wall time per run.
+spread over the seeds, the LM loss L1 on the last logged training batch (per seed) and
+wall time per run.
 
     python benchmarks/gpt1_format_table.py --out /tmp/gpt1fmt --pretrained runs/gpt_tiny \
         [--seeds 0 1] [--float32]
@@ -27,10 +28,22 @@ ROWS = {"pretrained, lambda 0.5": (True, 0.5), "pretrained, lambda 0": (True, 0.
         "no pretraining, lambda 0.5": (False, 0.5)}
 
 
+def model_dir_of(out: str, task: str, row: str, seed: int) -> str:
+    use_pretrained, lm_weight = ROWS[row]
+    return os.path.join(out, f"{task}_{'pre' if use_pretrained else 'scratch'}_"
+                             f"{lm_weight}_{seed}")
+
+
+def last_lm_loss(model_dir: str) -> float:
+    """L1 on the last logged training batch (metrics.jsonl), logged whatever lambda is."""
+    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r["lm_loss"] for r in rows if "lm_loss" in r][-1]
+
+
 def run(task: str, row: str, seed: int, pretrained: str, out: str, extra: list) -> dict:
     use_pretrained, lm_weight = ROWS[row]
-    model_dir = os.path.join(out, f"{task}_{'pre' if use_pretrained else 'scratch'}_"
-                                  f"{lm_weight}_{seed}")
+    model_dir = model_dir_of(out, task, row, seed)
     checkpoint = f"'{pretrained}'" if use_pretrained else "None"
     cmd = ["nice", "-n", "10", sys.executable, "-m", "t2t.cli", "finetune",
            f"--gin_file={EXPERIMENTS[task]}", f"--gin.MODEL_DIR='{model_dir}'",
@@ -67,17 +80,20 @@ def main() -> None:
                 done.append(run(task, row, seed, args.pretrained, args.out, extra))
                 with open(table, "w") as f:
                     json.dump(done, f, indent=1)
-    print("| task | row | validation accuracy (mean ± half spread) | seeds | wall per run |")
-    print("|---|---|---:|---|---:|")
+    print("| task | row | validation accuracy (mean ± half spread) | seeds | "
+          "L1 at the last step | wall per run |")
+    print("|---|---|---:|---|---:|---:|")
     for task in args.tasks:
         for row in ROWS:
             mine = [r for r in done if (r["task"], r["row"]) == (task, row)]
             if not mine:
                 continue
             acc = [r["accuracy"] for r in mine]        # metrics.json holds percent
+            lm = [last_lm_loss(model_dir_of(args.out, task, row, r["seed"])) for r in mine]
             print(f"| {task} | {row} | {sum(acc) / len(acc):.1f} ± "
                   f"{(max(acc) - min(acc)) / 2:.1f} | "
                   f"{', '.join(f'{a:.1f}' for a in acc)} | "
+                  f"{', '.join(f'{x:.2f}' for x in lm)} | "
                   f"{sum(r['seconds'] for r in mine) / len(mine):.0f} s |")
 
 
