@@ -1,4 +1,4 @@
-"""Two-operand einsum with low-precision inputs and float32 accumulation, forward AND backward.
+"""Two-operand einsum: low-precision operands and float32 accumulation forward AND backward.
 
 Mixed precision (Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3: float32
 master weights, half-precision operands, float32 accumulation of the products) asks for
@@ -14,8 +14,13 @@ compute dtype and computes
 with bf16 operands and float32 accumulation; the gradients are returned in the primal
 operands' dtypes (a float32 kernel gets its gradient un-rounded, in float32).
 
+The backward products are laid out explicitly (``_product``) in the forms XLA:CPU's
+YNNPACK dot kernels take in bf16 (others are upcast to float32 or fail to run).
+
 float32 compute callers do not come here (``einsum`` falls back to the plain product),
-so the float32 path is bit-identical to autodiff.
+so the float32 path is bit-identical to autodiff. (The same explicit layouts under float32
+move autodiff's kernel gradients from XLA:CPU's generic dot kernel to YNNPACK, but did not
+make a float32 step measurably cheaper: benchmarks/README.md, "Where the time goes".)
 """
 from __future__ import annotations
 
@@ -141,8 +146,8 @@ def _check(spec: str, a: jax.Array, b: jax.Array) -> None:
 def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     """einsum(spec, a, b) with `dtype` operands and a float32 result.
 
-    Under a float32 `dtype` this is the plain product; under bf16/float16 the backward
-    products take `dtype` operands too (module docstring).
+    Under a float32 `dtype` this is the plain product (autodiff's backward); under
+    bf16/float16 the backward products take `dtype` operands too (module docstring).
     """
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),

@@ -2,6 +2,7 @@
 accuracy, every dot of a bf16 model's compiled gradient takes bf16 operands, and the float32
 path stays the plain product."""
 import os
+import re
 import sys
 
 import flax.linen as nn
@@ -73,6 +74,19 @@ def test_float32_is_the_plain_product():
     plain = jax.grad(lambda w: jax.lax.dot_general(x, w, (((2,), (0,)), ((), ()))).sum())(w)
     np.testing.assert_array_equal(
         jax.grad(lambda w: matmul(x, w, 1, jnp.float32).sum())(w), plain)
+
+
+def test_bf16_kernel_gradient_is_a_row_major_product():
+    """The kernel gradient x^T g of a bf16 [batch, length, in] x [in, out] product compiles
+    to a dot contracting the LAST dim of its first operand: autodiff's dot contracts x's
+    leading dim, which XLA:CPU runs in float32 or not at all under bf16."""
+    x, w = _random((4, 32, 64), 0), _random((64, 96), 1)
+    grad = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, 1, jnp.bfloat16))), 1))
+    text = grad.lower(x, w).compile().as_text()
+    contracted = re.findall(r"dot\(.*lhs_contracting_dims=\{(\d+)\}", text)
+    ranks = re.findall(r"= \w+\[([\d,]*)\][^ ]* dot\(", text)
+    assert contracted and all(int(c) == len(r.split(",")) - 1
+                              for c, r in zip(contracted, ranks)), text
 
 
 def test_unsupported_spec_is_one_line():

@@ -1,0 +1,166 @@
+"""A/B of one code lever on a t2t train step: optimized-HLO evidence and process CPU time.
+
+On a shared machine wall time swings 2x, so each lever is judged by what does not depend
+on the load: XLA's optimized HLO of the two compiled steps (matmul FLOPs by operand
+dtype, dots, standalone transposes/copies, XLA's temporary buffer bytes) and the
+process CPU time (``time.process_time``, all threads) of steps run in pairs, A then B,
+in one process; the ratio is the median of the per-pair ratios B/A (> 1: A is faster).
+
+Levers (A and B: the variants compared; a patch is applied while its variant is traced):
+
+  bf16_backward        dtype="bfloat16" with the custom-VJP matmuls (t2t.nn.mixed_einsum)
+                       vs plain autodiff of the bf16 forward (backward dots float32 x float32)
+  f32_backward_layout  float32 through the custom VJP's explicit backward layouts vs float32
+                       as committed, plain autodiff (kernel gradients as dots contracting
+                       a leading dim); did not pay (benchmarks/README.md)
+
+    python benchmarks/ab_step.py --model gpt --lever bf16_backward [--rounds 6]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402
+import hlo_ops  # noqa: E402
+import train_step  # noqa: E402
+
+
+@contextlib.contextmanager
+def _plain_autodiff_einsum():
+    """t2t.nn.mixed_einsum.einsum as the plain bf16 product: autodiff's float32 backward."""
+    import jax.numpy as jnp
+    from t2t.nn import mixed_einsum
+    saved = mixed_einsum.einsum
+
+    def plain(spec, a, b, dtype):
+        return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                          preferred_element_type=jnp.float32)
+    mixed_einsum.einsum = plain
+    try:
+        yield
+    finally:
+        mixed_einsum.einsum = saved
+
+
+@contextlib.contextmanager
+def _float32_explicit_layouts():
+    """float32 through t2t.nn.mixed_einsum's custom VJP too (Dense, attention, logits): the
+    forward unchanged, the backward products in its explicit layouts."""
+    import jax.numpy as jnp
+    from t2t.nn import dense, mixed_einsum
+    saved = mixed_einsum.einsum, dense.matmul
+
+    def einsum(spec, a, b, dtype):
+        mixed_einsum._check(spec, a, b)
+        return mixed_einsum._mixed(spec, jnp.dtype(dtype), a.dtype, b.dtype, a, b)
+
+    def matmul(x, kernel, contract, dtype):   # Dense: x [..., in...] . kernel [in..., out...]
+        n = x.ndim - contract
+        x_s = "".join(chr(ord("a") + i) for i in range(x.ndim))
+        k_s = x_s[n:] + "".join(chr(ord("A") + i) for i in range(kernel.ndim - contract))
+        return einsum(f"{x_s},{k_s}->{x_s[:n]}{k_s[contract:]}", x, kernel, dtype).astype(dtype)
+    mixed_einsum.einsum, dense.matmul = einsum, matmul
+    try:
+        yield
+    finally:
+        mixed_einsum.einsum, dense.matmul = saved
+
+
+# lever: (A: (config overrides, context), B: (config overrides, context), what A and B are)
+LEVERS = {
+    "bf16_backward": (({"dtype": "bfloat16"}, contextlib.nullcontext),
+                      ({"dtype": "bfloat16"}, _plain_autodiff_einsum),
+                      "A = bfloat16 as committed (custom-VJP bf16 backward), B = bf16 "
+                      "forward with autodiff's float32 x float32 backward dots"),
+    "f32_backward_layout": (({}, _float32_explicit_layouts), ({}, contextlib.nullcontext),
+                            "A = float32 with the custom VJP's explicit backward layouts, "
+                            "B = float32 as committed (autodiff: kernel gradients contract "
+                            "the first operand's leading dim)"),
+}
+
+
+def build(model: str, overrides: dict, context):
+    """(step function, compiled executable) of the t2t train step, traced under `context`."""
+    import jax
+    trainer = train_step.build_t2t(model, **overrides)[1]
+    batch = trainer.global_batch(train_step.make_batch(model))
+    holder = {"state": trainer.init_state(train_step.make_batch(model))}
+    with context():
+        compiled = trainer.lower_train_step(holder["state"], batch).compile()
+
+    def step():
+        holder["state"], metrics = compiled(holder["state"], batch)
+        jax.block_until_ready(metrics["loss"])
+    return step, compiled
+
+
+def evidence(compiled) -> dict:
+    """Load-independent facts of one compiled step."""
+    text = compiled.as_text()
+    dots = hlo_ops.dot_flops(text)
+    total = sum(f for *_, f in dots) or 1
+    counts = hlo_ops.op_counts(text)
+    return {"dots": len(dots), "dots outside fusions": counts["top/dot"],
+            "f32-operand dot FLOPs": f"{sum(f for a, b, f in dots if 'f32' in (a, b)) / total:.0%}",
+            "fusions": counts["top/fusion"],
+            "transposes (MB)": f"{counts['top/transpose']} ({counts['top/transpose_mb']:.0f})",
+            "copies (MB)": f"{counts['top/copy']} ({counts['top/copy_mb']:.0f})",
+            "temp MB": f"{compiled.memory_analysis().temp_size_in_bytes / 2**20:.0f}"}
+
+
+def paired(a, b, rounds: int) -> dict:
+    """Process CPU seconds and wall seconds of A and B steps, A B A B ..., after one warm-up."""
+    a(), b()
+    out = {"A cpu": [], "B cpu": [], "A wall": [], "B wall": []}
+    for r in range(rounds):
+        for name, fn in (("A", a), ("B", b)):
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn()
+            out[f"{name} cpu"].append(time.process_time() - c0)
+            out[f"{name} wall"].append(time.perf_counter() - w0)
+        print(f"  pair {r + 1}/{rounds}: A cpu {out['A cpu'][-1]:.2f} s, B cpu "
+              f"{out['B cpu'][-1]:.2f} s (load {_common.loadavg()})", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gpt", choices=["bert", "t5", "gpt"])
+    parser.add_argument("--lever", default="bf16_backward", choices=sorted(LEVERS))
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    (a_over, a_ctx), (b_over, b_ctx), what = LEVERS[args.lever]
+    load0 = _common.loadavg()
+    a_step, a_compiled = build(args.model, a_over, a_ctx)
+    b_step, b_compiled = build(args.model, b_over, b_ctx)
+    facts = {"A": evidence(a_compiled), "B": evidence(b_compiled)}
+    t = paired(a_step, b_step, args.rounds)
+    ratios = [b / a for a, b in zip(t["A cpu"], t["B cpu"])]
+    rows = [[name, *facts[name].values(), f"{statistics.median(t[name + ' cpu']):.2f}",
+             f"{statistics.median(t[name + ' wall']):.2f}"] for name in ("A", "B")]
+    table = _common.markdown_table(
+        ["variant", *facts["A"], "CPU s/step", "wall s/step"], rows)
+    summary = (f"B/A process CPU time, median of {args.rounds} pairs: "
+               f"{statistics.median(ratios):.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f})")
+    print(table, summary, sep="\n")
+    if not args.no_write:
+        _common.append_results(
+            f"A/B lever `{args.lever}`: {train_step.title(args.model)}",
+            f"{_common.machine_line('jax', 'jaxlib')} Load: {load0} -> {_common.loadavg()}.\n"
+            f"`python benchmarks/ab_step.py --model {args.model} --lever {args.lever} "
+            f"--rounds {args.rounds}`: {what}. HLO columns "
+            f"from XLA's optimized HLO of each step (all dots; those outside fusions run in "
+            f"XLA:CPU's generic dot kernel, not YNNPACK; standalone transposes/copies with "
+            f"the MB they write; `memory_analysis().temp_size_in_bytes`).\n\n{table}\n\n{summary}.")
+
+
+if __name__ == "__main__":
+    main()
