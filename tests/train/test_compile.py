@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from t2t import cli
+from t2t.nn import attention_kernels
 from t2t.train import chips, flops, partitioning
 
 from t2t.run import aot
@@ -96,6 +97,19 @@ def test_bad_requests_are_one_line_before_compiling(capsys, args, says):
     assert code == 2 and out == []
     lines = [l for l in err.splitlines() if l.startswith("t2t compile: error:")]
     assert len(lines) == 1 and says in lines[0], err
+
+
+@needs_libtpu
+def test_gpt2_xl_heads_on_the_v5e_256_mesh_are_one_line(capsys):
+    """GPT-2 XL's 25 heads and tensor=2: one line before compiling (the README table binds
+    tensor=1 for it: benchmarks/compile_table.py's MESH_OVERRIDES)."""
+    code, out, err = _run(capsys, [
+        "compile", "--gin_file=models/gpt2/xl.gin", "--gin_file=objectives/causal_lm.gin",
+        "--gin_file=runs/pretrain_gpt.gin", "--gin_file=hardware/tpu_v5e_256.gin",
+        "--gin.CORPUS=c4", "--gin.BATCH_SIZE=512", "--gin.experiment.vocab_size_from_task=False"])
+    lines = [l for l in err.splitlines() if l.startswith("t2t compile: error:")]
+    assert code == 2 and out == [] and len(lines) == 1, err
+    assert "(heads=25) is not divisible by mesh axis tensor=2" in lines[0]
 
 
 # ----------------------------------------------------------------------------- compiles
@@ -188,6 +202,52 @@ def test_every_hardware_config_compiles_and_fits(family, hardware):
     rows = next(iter(batch_in.values())).shard_shape((128, 8))[0]
     assert rows == 128 // (mesh["data"] * mesh["fsdp"])
     assert report.memory["arguments"] >= report.state_bytes["parameters"] > 0
+
+
+SPLASH = {   # family: lengths of 128-token blocks, no attention dropout
+    "gpt": ["--gin.TASK_FEATURE_LENGTHS={'targets': 128}"],
+    "bert": ["--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'max_predictions': 4}"],
+    "t5": ["--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 128}"],
+}
+
+
+@needs_libtpu
+@pytest.mark.parametrize("family", [
+    "gpt", pytest.param("bert", marks=pytest.mark.slow), pytest.param("t5", marks=pytest.mark.slow)])
+def test_the_splash_kernel_compiles_for_v5e(family, caplog):
+    """attention_kernel='auto' on a TPU slice: the Pallas splash kernel (a Mosaic custom
+    call in the compiled step); T5's self-attention keeps XLA for its relative bias."""
+    attention_kernels._fall_back.cache_clear()           # it logs each reason once
+    with caplog.at_level("INFO", logger="t2t.nn.attention_kernels"):
+        report = _compile(family, "tpu_v5e_8", "--gin.BATCH_SIZE=16",
+                          "--gin.TransformerConfig.dropout_rate=0.0", *SPLASH[family])
+    assert report.fits and 'custom_call_target="tpu_custom_call"' in report.compiled.as_text()
+    assert ("relative position bias" in caplog.text) == (family == "t5")
+
+
+CRASH = ["models/gpt2/small.gin", "objectives/causal_lm.gin", "runs/pretrain_gpt.gin",
+         "hardware/tpu_v4_8.gin", "--gin.CORPUS=c4", "--gin.BATCH_SIZE=8",
+         "--gin.TransformerConfig.num_decoder_layers=2", "--gin.TransformerConfig.vocab_size=50304",
+         "--gin.experiment.vocab_size_from_task=False"]
+
+
+@pytest.mark.slow
+@needs_libtpu
+@pytest.mark.parametrize("libtpu_flags, exit_code", [("", -11),
+                                                    ("--xla_jf_conv_input_fusion=false", 0)])
+def test_the_libtpu_crash_and_its_workaround(libtpu_flags, exit_code):
+    """The smallest crash found (README): GPT-2 small's widths, 2 scanned layers, bfloat16,
+    batch 8 x 1024 on v4-8 -- SIGSEGV in libtpu 0.0.42.1 (float32 or unscanned compile); it
+    compiles without libtpu's producer fusion into matmul inputs. When a libtpu upgrade makes
+    the first case compile, drop the workaround (benchmarks/compile_table.py)."""
+    import os
+    import subprocess
+    import sys
+    args = [f"--gin_file={a}" if not a.startswith("--") else a for a in CRASH]
+    env = {**os.environ, "LIBTPU_INIT_ARGS": libtpu_flags}
+    proc = subprocess.run([sys.executable, "-m", "t2t.cli", "compile", *args],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == exit_code, proc.stderr[-2000:]
 
 
 @needs_libtpu
