@@ -13,6 +13,7 @@ Levers (A and B: the variants compared; a patch is applied while its variant is 
   f32_backward_layout  float32 through the custom VJP's explicit backward layouts vs float32
                        as committed, plain autodiff (kernel gradients as dots contracting
                        a leading dim); did not pay (benchmarks/README.md)
+  vs_hf_flax           not a lever: t2t float32 vs HF Flax float32, the CPU work of each step
 
     python benchmarks/ab_step.py --model gpt --lever bf16_backward [--rounds 6]
 """
@@ -133,15 +134,22 @@ def paired(a, b, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="gpt", choices=["bert", "t5", "gpt"])
-    parser.add_argument("--lever", default="bf16_backward", choices=sorted(LEVERS))
+    parser.add_argument("--lever", default="bf16_backward",
+                        choices=sorted(LEVERS) + ["vs_hf_flax"])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    (a_over, a_ctx), (b_over, b_ctx), what = LEVERS[args.lever]
     load0 = _common.loadavg()
-    a_step, a_compiled = build(args.model, a_over, a_ctx)
-    b_step, b_compiled = build(args.model, b_over, b_ctx)
-    facts = {"A": evidence(a_compiled), "B": evidence(b_compiled)}
+    if args.lever == "vs_hf_flax":      # no HLO facts for the peer: CPU work only
+        what = "A = t2t float32, B = HF Flax float32 (train_step.py's two steps)"
+        a_step, b_step = build(args.model, {}, contextlib.nullcontext)[0], \
+            train_step.build_hf_flax(args.model)
+        facts = {"A": {}, "B": {}}
+    else:
+        (a_over, a_ctx), (b_over, b_ctx), what = LEVERS[args.lever]
+        a_step, a_compiled = build(args.model, a_over, a_ctx)
+        b_step, b_compiled = build(args.model, b_over, b_ctx)
+        facts = {"A": evidence(a_compiled), "B": evidence(b_compiled)}
     t = paired(a_step, b_step, args.rounds)
     ratios = [b / a for a, b in zip(t["A cpu"], t["B cpu"])]
     rows = [[name, *facts[name].values(), f"{statistics.median(t[name + ' cpu']):.2f}",
