@@ -8,7 +8,7 @@ import statistics
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from t2t import precision
 
@@ -56,8 +56,10 @@ def machine_line(*packages: str) -> str:
 
 
 def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1,
-                log: Callable[[str], None] = print) -> Dict[str, List[float]]:
-    """Warm each fn up, then time them A, B, C, A, B, C, ... so machine drift hits all."""
+                log: Callable[[str], None] = print,
+                cpu: Optional[Dict[str, List[float]]] = None) -> Dict[str, List[float]]:
+    """Warm each fn up, then time them A, B, C, A, B, C, ... so machine drift hits all.
+    Wall seconds per call; `cpu`, when given, gets each call's process CPU seconds."""
     for name, fn in fns.items():
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -66,9 +68,11 @@ def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for r in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(time.process_time() - c0)
         log(f"  round {r + 1}/{rounds}: " + ", ".join(
             f"{k} {v[-1]:.3f}s" for k, v in times.items()) + f" (load {loadavg()})")
     return times

@@ -116,6 +116,11 @@ def evidence(compiled) -> dict:
             "temp MB": f"{compiled.memory_analysis().temp_size_in_bytes / 2**20:.0f}"}
 
 
+HLO_NOTE = (" HLO columns from XLA's optimized HLO of each step (all dots; those outside "
+            "fusions run in XLA:CPU's generic dot kernel, not YNNPACK; standalone "
+            "transposes/copies with the MB they write; `memory_analysis().temp_size_in_bytes`).")
+
+
 def paired(a, b, rounds: int) -> dict:
     """Process CPU seconds and wall seconds of A and B steps, A B A B ..., after one warm-up."""
     a(), b()
@@ -164,10 +169,8 @@ def main() -> None:
             f"A/B lever `{args.lever}`: {train_step.title(args.model)}",
             f"{_common.machine_line('jax', 'jaxlib')} Load: {load0} -> {_common.loadavg()}.\n"
             f"`python benchmarks/ab_step.py --model {args.model} --lever {args.lever} "
-            f"--rounds {args.rounds}`: {what}. HLO columns "
-            f"from XLA's optimized HLO of each step (all dots; those outside fusions run in "
-            f"XLA:CPU's generic dot kernel, not YNNPACK; standalone transposes/copies with "
-            f"the MB they write; `memory_analysis().temp_size_in_bytes`).\n\n{table}\n\n{summary}.")
+            f"--rounds {args.rounds}`: {what}.{HLO_NOTE if facts['A'] else ''}"
+            f"\n\n{table}\n\n{summary}.")
 
 
 if __name__ == "__main__":

@@ -351,7 +351,9 @@ def main(argv=None) -> None:
     for model in args.models.split(","):
         print(f"== {model}", flush=True)
         fns = {name: IMPLS[name](model) for name in impls}
-        times = _common.interleaved(fns, args.rounds, log=lambda s: print(s, flush=True))
+        cpu: dict = {}
+        times = _common.interleaved(fns, args.rounds, log=lambda s: print(s, flush=True),
+                                    cpu=cpu)
         loads.append(_common.loadavg())
         f = step_flops(model)
         ntok = tokens_per_step(model)
@@ -364,11 +366,12 @@ def main(argv=None) -> None:
             rows.append([title(model), name, "bf16" if dtypes[name] == "bfloat16" else "f32",
                          f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}", f"{f / t / 1e9:,.0f}",
                          f"{100 * f / t / peaks[dtypes[name]]:.0f}%",
+                         f"{_common.median(cpu[name]) / t:.2f}",
                          *(f"{base[k] / t:.2f}x" for k in peers)])
         del fns
         gc.collect()
     header = ["model", "impl", "matmuls", "step ms (median)", "tokens/s", "model GFLOP/s",
-              "MFU", *(f"vs {k}" for k in peers)]
+              "MFU", "cores busy", *(f"vs {k}" for k in peers)]
     table = _common.markdown_table(header, rows, "lll" + "r" * (len(header) - 3))
     print(table)
     if not args.no_write:
@@ -383,7 +386,8 @@ def main(argv=None) -> None:
                 f"GFLOP/s: {peak_text}"
                 + (f" ({args.peak_dtype} given)" if args.peak else " (measured in this run)")
                 + "; model FLOPs from "
-                f"`t2t.train.flops.step_flops` (BERT: MLM logits at the 20 masked positions). "
+                f"`t2t.train.flops.step_flops` (BERT: MLM logits at the 20 masked positions); "
+                f"`cores busy`: median process CPU seconds per median wall second of a step. "
                 f"Load average (1/5/15 min) during the run: {' -> '.join(loads)}.\n\n" + table)
         _common.append_results("Train step: t2t vs HF Flax vs PyTorch", body)
 
