@@ -7,6 +7,8 @@ the runs already in its peft_table.json. Prints a markdown table: trainable para
 spread over the seeds, wall time.
 
     python benchmarks/peft_table.py --out /tmp/peft [--seeds 0 1] [--methods full lora ...]
+        [--epochs 8]   (default: the experiment's EPOCHS)
+        [--bindings "TransformerConfig.dtype='float32'"]   (more gin bindings for every run)
 """
 from __future__ import annotations
 
@@ -51,12 +53,16 @@ def trainable_parameters(method: str) -> tuple:
     return trainable, total
 
 
-def run(method: str, seed: int, out: str) -> dict:
+def run(method: str, seed: int, out: str, epochs: float | None = None,
+        bindings: tuple = ()) -> dict:
     model_dir = os.path.join(out, f"{method}_{seed}")
     cmd = [sys.executable, "-m", "t2t.cli", "finetune", *[f"--gin_file={g}" for g in
                                                           gin_files(method)],
            f"--gin.MODEL_DIR={model_dir}", f"--gin.SEED={seed}",
            f"--gin.LEARNING_RATE={LEARNING_RATES[method]}"]
+    if epochs is not None:
+        cmd.append(f"--gin.EPOCHS={epochs}")
+    cmd += [f"--gin.{b}" for b in bindings]
     print(" ".join(["t2t", *cmd[3:]]), flush=True)
     start = time.time()
     subprocess.run(cmd, check=True)
@@ -71,6 +77,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(LEARNING_RATES))
+    parser.add_argument("--epochs", type=float, default=None,
+                        help="passes over the training pairs (default: the experiment's)")
+    parser.add_argument("--bindings", nargs="*", default=[], help="gin bindings for every run")
     args = parser.parse_args()
     table = os.path.join(args.out, "peft_table.json")
     rows = json.load(open(table)) if os.path.exists(table) else []   # rerun: resume
@@ -78,7 +87,7 @@ def main() -> None:
         for method in args.methods:
             if any(r["method"] == method and r["seed"] == seed for r in rows):
                 continue
-            rows.append(run(method, seed, args.out))
+            rows.append(run(method, seed, args.out, args.epochs, tuple(args.bindings)))
             with open(table, "w") as f:
                 json.dump(rows, f, indent=1)
     print("| method | trainable parameters | test accuracy (mean ± half spread) | wall per run |")
