@@ -34,14 +34,13 @@ from typing import Optional, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from t2t.errors import ConfigError
 from t2t.nn.blocks import LayerFields
 from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
-from t2t.nn.lightweight_conv import conv_windows
+from t2t.nn.lightweight_conv import cached_inputs, conv_windows
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.norms import make_norm
 from t2t.nn.weighted import check_replaced_layer
@@ -58,22 +57,6 @@ def check_evolved_config(cfg: TransformerConfig) -> None:
 def pad_to(x: jax.Array, width: int) -> jax.Array:
     """[..., c] -> [..., width], zeros appended (c <= width)."""
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
-
-
-def cached_inputs(module: nn.Module, x: jax.Array, decode: bool,
-                  decode_index: Optional[jax.Array]) -> Tuple[jax.Array, jax.Array]:
-    """(the sequence a causal convolution reads, its first query position): `x` itself, or
-    while decoding the module's cache of inputs [b, T, c] with `x` written at
-    `decode_index` (the first, initialising call sizes the cache)."""
-    if not decode:
-        return x, 0
-    ready = module.has_variable("cache", "conv_inputs")
-    cache = module.variable("cache", "conv_inputs", jnp.zeros, x.shape, x.dtype)
-    if not ready:
-        return x, 0
-    cache.value = lax.dynamic_update_slice(cache.value, x.astype(cache.value.dtype),
-                                           (0, decode_index, 0))
-    return cache.value, decode_index
 
 
 class Conv1D(nn.Module):

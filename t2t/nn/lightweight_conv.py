@@ -23,7 +23,7 @@ step's window from it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -76,6 +76,22 @@ def depthwise_conv(windows: jax.Array, weights: jax.Array, valid: jax.Array) -> 
     return out.reshape(b, l, d)
 
 
+def cached_inputs(module: nn.Module, x: jax.Array, decode: bool,
+                  decode_index: Optional[jax.Array]) -> Tuple[jax.Array, jax.Array]:
+    """(the sequence a causal convolution reads, its first query position): `x` itself, or
+    while decoding the module's cache of inputs [b, T, c] with `x` written at
+    `decode_index` (the first, initialising call sizes the cache)."""
+    if not decode:
+        return x, 0
+    ready = module.has_variable("cache", "conv_inputs")
+    cache = module.variable("cache", "conv_inputs", jnp.zeros, x.shape, x.dtype)
+    if not ready:
+        return x, 0
+    cache.value = lax.dynamic_update_slice(cache.value, x.astype(cache.value.dtype),
+                                           (0, decode_index, 0))
+    return cache.value, decode_index
+
+
 class ConvolutionBlock(nn.Module):
     """[batch, length, d_model] -> same; called like `MultiHeadAttention` (keys, bias and
     positions unused) so a layer can hold it as its self-attention.
@@ -115,7 +131,7 @@ class ConvolutionBlock(nn.Module):
                                         jnp.broadcast_to(weights, u.shape[:2] + (h, k)).shape)
             weights = jnp.where(keep, weights / (1.0 - rate), 0.0)
         left = k - 1 if self.causal else (k - 1) // 2
-        keys, start = self._cached(u, decode_index)
+        keys, start = cached_inputs(self, u, self.decode, decode_index)
         q_index = start + jnp.arange(u.shape[1])
         windows, valid = conv_windows(keys, mask, q_index, k, left)
         out = depthwise_conv(windows, weights, valid).astype(cfg.compute_dtype)  # [b, l, d]
@@ -124,16 +140,3 @@ class ConvolutionBlock(nn.Module):
                         param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
                         name="pointwise")(out)
         return dense(d, ("mlp", "embed"), "out", kernel_init(cfg))(out)
-
-    def _cached(self, u: jax.Array, decode_index):
-        """(the sequence the windows read, first query position): u itself, or while decoding
-        the cache of GLU outputs with this step's written at `decode_index`."""
-        if not self.decode:
-            return u, 0
-        initialized = self.has_variable("cache", "conv_inputs")
-        cache = self.variable("cache", "conv_inputs", jnp.zeros, u.shape, u.dtype)
-        if not initialized:
-            return u, 0
-        cache.value = lax.dynamic_update_slice(cache.value, u.astype(cache.value.dtype),
-                                               (0, decode_index, 0))
-        return cache.value, decode_index
