@@ -1,21 +1,27 @@
 """`t2t launch tpu | status | logs | delete`: Cloud TPU jobs from the command line.
 
     t2t launch tpu --name NAME --zone ZONE --accelerator v5e-256 [--num_slices 2] [--spot]
-        [--project P] [--dry-run] -- t2t train --gin_file=... --gin.MODEL_DIR=gs://bucket/run
+        [--project P] [--env NAME=VALUE ...] [--dry-run] -- t2t train --gin_file=...
+        --gin.MODEL_DIR=gs://bucket/run
 
-Everything after `--` runs unchanged on every worker, from the unpacked checkout.
+Everything after `--` runs unchanged on every worker, from the unpacked checkout, with the
+`--env` variables set (and this shell's LIBTPU_INIT_ARGS, if it has one).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import shlex
 import sys
-from typing import List, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from t2t.errors import EXIT_USAGE
 from t2t.launch import remote, source
 from t2t.launch.gcloud import LaunchError, Slice
-from t2t.launch.tpu import DryRun, Launcher, Runner, Shell
+from t2t.launch.tpu import DryRun, Launcher, Runner, Shell, check_env_name
+
+LIBTPU_ARGS = "LIBTPU_INIT_ARGS"   # libtpu's flags; README, "TPU: compile before you pay"
 
 
 def _where(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -45,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between state checks while waiting")
     p.add_argument("--max_restarts", type=int, default=100,
                    help="give up after this many preemptions")
+    p.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="set NAME in the command's environment on every worker (repeatable); "
+                   "NAME alone takes this shell's value. LIBTPU_INIT_ARGS, when set here, is "
+                   "forwarded unless --env gives it (e.g. --xla_jf_conv_input_fusion=false, "
+                   "libtpu 0.0.42.1's workaround; --env LIBTPU_INIT_ARGS= sends it empty)")
     _where(sub.add_parser("status", help="the queued resource and the command's state"))
     p = _where(sub.add_parser("logs", help="worker 0's log"))
     p.add_argument("--follow", action="store_true", help="follow it until the command ends")
@@ -68,13 +79,34 @@ def _warn_local_model_dir(command: List[str]) -> None:
                   file=sys.stderr)
 
 
+def job_env(items: Sequence[str], local: Mapping[str, str]) -> Dict[str, str]:
+    """`--env` items (`NAME=VALUE`, or `NAME` for `local`'s value) as a dict; `local`'s
+    LIBTPU_INIT_ARGS is added, with one log line, when no item names it."""
+    env: Dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        check_env_name(name, item)
+        if not eq:
+            if name not in local:
+                raise LaunchError(f"--env {name}: not set in this shell; give its value "
+                                  f"(--env {name}=VALUE) or export it")
+            value = local[name]
+        env[name] = value
+    if LIBTPU_ARGS in local and LIBTPU_ARGS not in env:
+        env[LIBTPU_ARGS] = local[LIBTPU_ARGS]
+        print(f"t2t launch: forwarding {LIBTPU_ARGS}={shlex.quote(env[LIBTPU_ARGS])} from this "
+              f"shell to every worker (--env {LIBTPU_ARGS}=... overrides it)", file=sys.stderr)
+    return env
+
+
 def run(args, command: List[str], runner: Runner) -> int:
     slice_ = _slice(args)
     node0 = slice_.nodes[0]
     if args.action == "tpu":
         _warn_local_model_dir(command)
+        env = job_env(args.env, os.environ)
         checkout = args.source or source.default_checkout()
-        return Launcher(slice_, command, runner, checkout=checkout,
+        return Launcher(slice_, command, runner, checkout=checkout, env=env,
                         poll_seconds=args.poll_seconds, max_restarts=args.max_restarts).run()
     if args.action == "status":
         code = runner.call(slice_.describe())

@@ -11,19 +11,32 @@ Every gcloud call goes through a `Runner`: `Shell` prints and runs it, `DryRun` 
 from __future__ import annotations
 
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence, TextIO
+from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
 from t2t.errors import EXIT_PREEMPTED
 from t2t.launch import remote, source
 from t2t.launch.gcloud import ACTIVE, LOST, WAITING, LaunchError, Slice
 
 MEGASCALE_PORT = "8081"   # DCN coordination port on slice 0's worker 0
+# What `Launcher.env` sets on every worker; `--env` may not override them.
+OWN_ENV = ("TPU_NAME", "MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_PORT",
+           "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")   # a POSIX shell variable name
+
+
+def check_env_name(name: str, item: Optional[str] = None) -> None:
+    """A LaunchError unless `name` (from the `--env` `item`) is a shell variable name: it goes
+    into the remote `export NAME=...` unquoted."""
+    if not _ENV_NAME.match(name):
+        raise LaunchError(f"--env {item if item is not None else name!r}: expected NAME=VALUE "
+                          "or NAME, NAME of letters, digits and '_', not starting with a digit")
 
 
 class Runner:
@@ -94,11 +107,17 @@ class Launcher:
 
     def __init__(self, slice_: Slice, command: Sequence[str], runner: Runner,
                  checkout: Optional[pathlib.Path] = None, poll_seconds: float = 30.0,
-                 max_restarts: int = 100, say: Callable[[str], None] = None):
+                 max_restarts: int = 100, say: Callable[[str], None] = None,
+                 env: Optional[Mapping[str, str]] = None):
         if not command:
             raise LaunchError("no command to run: put it after `--`, e.g. "
                               "t2t launch tpu ... -- t2t train --gin_file=...")
         self.slice, self.command, self.runner = slice_, list(command), runner
+        self.user_env = dict(env or {})
+        for name in self.user_env:
+            check_env_name(name)
+            if name in OWN_ENV:
+                raise LaunchError(f"--env {name}: t2t launch sets it on every worker itself")
         self.checkout, self.poll_seconds, self.max_restarts = checkout, poll_seconds, max_restarts
         self.dry_run = isinstance(runner, DryRun)
         self.say = say or (lambda msg: None if self.dry_run else
@@ -157,9 +176,10 @@ class Launcher:
 
     # --------------------------------------------------------------------------- the job
     def env(self, slice_id: int, coordinator: Optional[str]) -> dict:
-        """Environment of the command on slice `slice_id`: the node name, and for several
-        slices the MEGASCALE variables through which JAX and libtpu join them over DCN."""
-        env = {"TPU_NAME": self.slice.nodes[slice_id]}
+        """Environment of the command on slice `slice_id`: the user's `--env` variables, the
+        node name, and for several slices the MEGASCALE variables through which JAX and libtpu
+        join them over DCN."""
+        env = {**self.user_env, "TPU_NAME": self.slice.nodes[slice_id]}
         if self.slice.num_slices > 1:
             env.update(MEGASCALE_COORDINATOR_ADDRESS=f"{coordinator}:{MEGASCALE_PORT}",
                        MEGASCALE_PORT=MEGASCALE_PORT,

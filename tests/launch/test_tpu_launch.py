@@ -29,7 +29,7 @@ bucket = sys.argv[1]
 with open(os.path.join(bucket, "runs.jsonl"), "a") as f:
     f.write(json.dumps({"argv": sys.argv[2:], "cwd": os.getcwd(),
                         "env": {k: v for k, v in os.environ.items()
-                                if k.startswith(("MEGASCALE", "TPU_NAME"))}}) + "\\n")
+                                if k.startswith(("MEGASCALE", "TPU_NAME", "T2T_NOTE"))}}) + "\\n")
 runs = [json.loads(line) for line in open(os.path.join(bucket, "runs.jsonl"))]
 mine = [r for r in runs if r["env"]["TPU_NAME"] == os.environ["TPU_NAME"]]
 code = json.load(open(os.path.join(bucket, "schedule.json")))[(len(mine) - 1) // %d]
@@ -84,7 +84,7 @@ def test_preempted_slices_are_recreated_and_the_command_rerun(tmp_path, monkeypa
     command = ["python3", "fake_t2t.py", str(bucket)] + HOSTILE
     code = cli.main(["tpu", "--name", "job", "--zone", "z-1", "--accelerator", "v5e-16",
                      "--num_slices", "2", "--spot", "--project", "p", f"--source={checkout}",
-                     "--poll_seconds", "0", "--"] + command)
+                     "--poll_seconds", "0", "--env", f"T2T_NOTE={HOSTILE[1]}", "--"] + command)
     out, err = capfd.readouterr()
     assert code == 0, err
 
@@ -109,6 +109,7 @@ def test_preempted_slices_are_recreated_and_the_command_rerun(tmp_path, monkeypa
         ("job-0", "0"), ("job-1", "1")}
     assert {r["env"]["MEGASCALE_COORDINATOR_ADDRESS"] for r in runs} == {"10.0.0.0:8081"}
     assert {r["env"]["MEGASCALE_NUM_SLICES"] for r in runs} == {"2"}
+    assert {r["env"]["T2T_NOTE"] for r in runs} == {HOSTILE[1]}      # --env, as text
     assert not list(tmp_path.rglob("HACKED*"))
     # Worker 0's log reached our stdout, once per run; every gcloud call was shown first.
     assert out.count("on job-0, exiting") == 3 and "on job-1" not in out
@@ -159,6 +160,44 @@ def test_dry_run_prints_the_whole_two_slice_sequence_and_runs_nothing(tmp_path, 
         assert job[at:at + len(command) + 1] == command + [";"]
 
 
+def _job_words(dry_run_out):
+    """The `bash -c` job of each start call in a dry run's stdout, as shell words."""
+    starts = [shlex.split(line)[-1] for line in dry_run_out.splitlines() if "nohup" in line]
+    outer = [_shell_words(start.split("=", 1)[1]) for start in starts]
+    return [_shell_words(words[words.index("-c") + 1]) for words in outer]
+
+
+def test_env_and_local_libtpu_init_args_reach_every_worker(monkeypatch, capfd):
+    fix = "--xla_jf_conv_input_fusion=false"
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", fix)
+    monkeypatch.setenv("T2T_BUCKET", "gs://b/it's here")
+    base = ["tpu", "--name", "j", "--zone", "z", "--accelerator", "v5e-256", "--num_slices",
+            "2", "--dry-run", "--env", "TFDS_DATA_DIR=gs://b/tfds; touch HACKED", "--env",
+            "T2T_BUCKET", "--env", "EMPTY="]
+    assert cli.main(base + ["--", "t2t", "train"]) == 0
+    out, err = capfd.readouterr()
+    jobs = _job_words(out)
+    assert len(jobs) == 2
+    for slice_id, job in enumerate(jobs):
+        for var in ["TFDS_DATA_DIR=gs://b/tfds; touch HACKED", "T2T_BUCKET=gs://b/it's here",
+                    "EMPTY=", f"LIBTPU_INIT_ARGS={fix}", f"TPU_NAME=j-{slice_id}",
+                    f"MEGASCALE_SLICE_ID={slice_id}"]:
+            assert job[job.index(var) - 1:job.index(var) + 2] == ["export", var, ";"]
+    forwarded = [line for line in err.splitlines() if "LIBTPU_INIT_ARGS" in line]
+    assert len(forwarded) == 1 and "forwarding LIBTPU_INIT_ARGS=" in forwarded[0]
+    # An explicit --env wins over the local value, silently.
+    assert cli.main(base + ["--env", "LIBTPU_INIT_ARGS=", "--", "t2t", "train"]) == 0
+    out, err = capfd.readouterr()
+    assert all("LIBTPU_INIT_ARGS=" in job and f"LIBTPU_INIT_ARGS={fix}" not in job
+               for job in _job_words(out))
+    assert "forwarding" not in err
+    # Without it locally, nothing is forwarded.
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    assert cli.main(base + ["--", "t2t", "train"]) == 0
+    assert not any(w.startswith("LIBTPU_INIT_ARGS") for job in _job_words(capfd.readouterr().out)
+                   for w in job)
+
+
 def _shell_words(text):
     """Words and control operators (`;`, `&`, ...) as a POSIX shell splits `text`."""
     lex = shlex.shlex(text, posix=True, punctuation_chars=True)
@@ -171,10 +210,17 @@ def _shell_words(text):
     (["--accelerator", "v5e"], "expected FAMILY-SIZE"),
     (["--accelerator", "v5e-8", "--name", "Bad_Name"], "--name 'Bad_Name'"),
     (["--accelerator", "v5e-8", "--num_slices", "0"], "--num_slices must be >= 1"),
+    (["--accelerator", "v5e-8", "--env", "=x"], "--env '=x': expected NAME=VALUE or NAME"),
+    (["--accelerator", "v5e-8", "--env", "A-B=x"], "--env 'A-B=x': expected NAME=VALUE"),
+    (["--accelerator", "v5e-8", "--env", "X=1", "--env", "1X"], "--env '1X': expected"),
+    (["--accelerator", "v5e-8", "--env", "T2T_UNSET_HERE"],
+     "--env T2T_UNSET_HERE: not set in this shell"),
+    (["--accelerator", "v5e-8", "--env", "TPU_NAME=x"], "--env TPU_NAME: t2t launch sets it"),
 ])
 def test_bad_arguments_are_one_line_before_any_gcloud_call(tmp_path, monkeypatch, capfd,
                                                           argv, message):
     state, _, _ = _fake_cloud(tmp_path, monkeypatch, script=[["ACTIVE"]], schedule=[0])
+    monkeypatch.delenv("T2T_UNSET_HERE", raising=False)
     base = ["tpu", "--name", "job", "--zone", "z"]
     assert cli.main(base + argv + ["--", "t2t", "train"]) == 2
     err = capfd.readouterr().err.strip()
