@@ -10,7 +10,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from t2t import precision
+from t2t import platforms, precision
+
+# libtpu is installed (the `test` extra, for `t2t compile`), so JAX would probe for a TPU at
+# start-up and print libtpu's warnings on this CPU host. These scripts time the CPU
+# (train_step also a GPU), and each imports this module before JAX: ask for the CPU (and
+# CUDA when its plugin is installed) unless JAX_PLATFORMS is set or this is a TPU host.
+# compile_table.py compiles for TPU topologies and does not import this module.
+platforms.set_default_platforms()
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 

@@ -35,8 +35,8 @@ def trace_step(model: str, impl: str, out: str) -> tuple[str, str]:
     """Trace one step -> (perfetto trace path, optimized HLO text path)."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_dump_to={out}/dump --xla_dump_hlo_pass_re=NONE")
+    import train_step   # first: its _common import picks JAX's platforms before JAX starts
     import jax
-    import train_step
     step = train_step.IMPLS[impl](model)
     step()
     step()
