@@ -6,7 +6,11 @@ A grid file binds ``ablation.*``:
   (first axis slowest), or only the rows listed in ``cells`` (for tables that are not a
   full product, e.g. BERT Table 6). An option is a list of gin lines (bindings, or
   ``include 'file.gin'``) used in both stages, or a dict with ``pretrain`` / ``finetune``
-  / ``both`` lists, and optionally ``key`` (the cell directory's name part).
+  / ``both`` lists, and optionally ``key`` (the cell directory's name part) and
+  ``from_step`` (fine-tune from that step's checkpoint of the pretraining, not its last:
+  a learning curve; 0 = from random initialisation, no pretraining).
+* ``control``: the label of the cell whose model and fine-tuning a last row, "Random init
+  (control)", repeats without pretraining (what pretraining adds is measured against it).
 * ``scales``: ``{scale name: {"pretrain": [...], "finetune": [...], "tasks": {task:
   metric}, "seeds": [...], ...}}``. Stage lists hold gin files (``*.gin``) and bindings;
   the cell's own lines come after the scale's, so they win (and may use its macros).
@@ -27,6 +31,8 @@ import gin
 from t2t.run.configurables import configurable
 
 STAGES = ("pretrain", "finetune")
+CONTROL_LABEL = "Random init (control)"
+NO_LABEL = "–"                           # the control row's other axes
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
               "description", "averages", "splits", "task_finetune", "heldout_early"}
 
@@ -39,10 +45,15 @@ class Cell:
     labels: Tuple[Tuple[str, str], ...]   # ((axis, option label), ...)
     pretrain: Tuple[str, ...]
     finetune: Tuple[str, ...]
+    from_step: Optional[int] = None       # fine-tune from this pretraining step (0: none)
 
     @property
     def label(self) -> str:
-        return " / ".join(value for _, value in self.labels)
+        return " / ".join(value for _, value in self.labels if value != NO_LABEL)
+
+    @property
+    def pretrained(self) -> bool:
+        return self.from_step != 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +94,7 @@ class Grid:
     paper_source: str
     accounting: Mapping[str, str]         # {"P": cell label, "M": cell label} (T5 Table 2)
     notes: str
+    control: str = ""                     # the cell label the control row repeats
     source: str = ""                      # the grid's gin file, parsed again under each
     source_bindings: Tuple[str, ...] = ()  # stage so its macros (and overrides) resolve
 
@@ -107,10 +119,10 @@ def _stage_lines(option: Any, where: str) -> Dict[str, Tuple[str, ...]]:
     if isinstance(option, (list, tuple)):
         return {stage: tuple(option) for stage in STAGES}
     if isinstance(option, Mapping):
-        unknown = set(option) - {"pretrain", "finetune", "both", "key"}
+        unknown = set(option) - {"pretrain", "finetune", "both", "key", "from_step"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}; use pretrain, "
-                             "finetune, both, key")
+                             "finetune, both, key, from_step")
         both = tuple(option.get("both", ()))
         return {stage: both + tuple(option.get(stage, ())) for stage in STAGES}
     raise TypeError(f"{where}: an option is a list of gin lines or a dict, got {option!r}")
@@ -127,7 +139,7 @@ def make_cells(axes: Mapping[str, Mapping[str, Any]],
         if len(combo) != len(names):
             raise ValueError(f"row {combo} needs one label per axis {names}")
         lines = {stage: () for stage in STAGES}
-        keys = []
+        keys, from_step = [], None
         for axis, label in zip(names, combo):
             if label not in axes[axis]:
                 raise ValueError(f"axis {axis!r} has no option {label!r}; "
@@ -135,10 +147,13 @@ def make_cells(axes: Mapping[str, Mapping[str, Any]],
             option = axes[axis][label]
             for stage, stage_lines in _stage_lines(option, f"{axis}/{label}").items():
                 lines[stage] += stage_lines
-            keys.append(option.get("key", slug(label)) if isinstance(option, Mapping)
-                        else slug(label))
+            if isinstance(option, Mapping):
+                keys.append(option.get("key", slug(label)))
+                from_step = option.get("from_step", from_step)
+            else:
+                keys.append(slug(label))
         cells.append(Cell("-".join(keys), tuple(zip(names, combo)), lines["pretrain"],
-                          lines["finetune"]))
+                          lines["finetune"], None if from_step is None else int(from_step)))
     if len({c.key for c in cells}) != len(cells):
         raise ValueError("two cells share a key; give options distinct labels or keys")
     return tuple(cells)
@@ -179,9 +194,10 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
              paper_columns: Sequence[str] = (), paper_source: str = "",
              accounting: Optional[Mapping[str, str]] = None, notes: str = "",
              overrides: Optional[Mapping[str, Any]] = None,
-             scale: str = "tiny") -> Grid:
+             control: Optional[str] = None, scale: str = "tiny") -> Grid:
     """The grid at `scale` (see the module docstring for the format). `overrides`:
-    `{cell label: option}`, extra lines for single cells (after the axes' lines)."""
+    `{cell label: option}`, extra lines for single cells (after the axes' lines);
+    `control`: the cell the random-initialisation row repeats without pretraining."""
     if scale not in scales:
         raise ValueError(f"grid {name!r} has no scale {scale!r}; scales: {list(scales)}")
     cells = make_cells(axes, rows)
@@ -195,6 +211,8 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
         cells = cells[:matches[0]] + (dataclasses.replace(
             cell, pretrain=cell.pretrain + extra["pretrain"],
             finetune=cell.finetune + extra["finetune"]),) + cells[matches[0] + 1:]
+    if control is not None:
+        cells += (control_cell(cells, control, tuple(axes)),)
     paper = dict(paper or {})
     labels = {c.label for c in cells}
     stray = set(paper) - labels
@@ -208,7 +226,18 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
         if label not in labels:
             raise ValueError(f"accounting {role}: no cell {label!r}")
     return Grid(name, title, tuple(axes), cells, make_scale(scale, scales[scale]), paper,
-                tuple(paper_columns), paper_source, dict(accounting or {}), notes)
+                tuple(paper_columns), paper_source, dict(accounting or {}), notes,
+                control or "")
+
+
+def control_cell(cells: Sequence[Cell], label: str, axes: Tuple[str, ...]) -> Cell:
+    """The row "Random init (control)": `label`'s cell fine-tuned from random
+    initialisation (its pretraining lines kept only to name the model it builds)."""
+    like = next((c for c in cells if c.label == label), None)
+    if like is None:
+        raise ValueError(f"control: no cell {label!r}; cells: {[c.label for c in cells]}")
+    labels = tuple((axis, CONTROL_LABEL if i == 0 else NO_LABEL) for i, axis in enumerate(axes))
+    return Cell("random_init", labels, like.pretrain, like.finetune, from_step=0)
 
 
 def load_grid(path: str, scale: str = "tiny", bindings: Sequence[str] = ()) -> Grid:

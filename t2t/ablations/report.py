@@ -63,6 +63,52 @@ def summarize(values: Sequence[Optional[float]]) -> Optional[Tuple[float, float,
     return statistics.fmean(present), (max(present) - min(present)) / 2, len(present)
 
 
+def seed_list(found: Sequence[Mapping[str, Any]]) -> str:
+    """The seeds a cell finished, e.g. '0, 1, 2' ('–' for none)."""
+    return ", ".join(str(s) for s in sorted(r["seed"] for r in found)) or "–"
+
+
+def pooled_sd(grid: Grid, results: Results, fn) -> Optional[Tuple[float, int]]:
+    """(pooled standard deviation over seeds, cells pooled) of a column: the square root of
+    the mean of the per-cell sample variances, over cells with at least 2 seeds."""
+    variances = []
+    for cell in grid.cells:
+        values = [v for v in (fn(r) for r in results.get(cell.key, [])) if v is not None]
+        if len(values) >= 2:
+            variances.append(statistics.variance(values))
+    return (math.sqrt(statistics.fmean(variances)), len(variances)) if variances else None
+
+
+def control_margins(grid: Grid, results: Results) -> List[str]:
+    """Per measured column, the `control` cell (or, without one, every pretrained cell)
+    against the row fine-tuned from random initialisation: the margin, the pooled seed
+    spread, and whether the margin exceeds twice it (the `micro` scale's acceptance test:
+    pretraining must matter more than the seed does)."""
+    control = next((c for c in grid.cells if not c.pretrained), None)
+    if control is None:
+        return []
+    compared = [c for c in grid.cells if c.pretrained
+                and (not grid.control or c.label == grid.control)]
+    lines = []
+    for header, fn in columns(grid):
+        if header.startswith("held-out"):
+            continue
+        ctrl = summarize([fn(r) for r in results.get(control.key, [])])
+        spread = pooled_sd(grid, results, fn)
+        for cell in compared:
+            base = summarize([fn(r) for r in results.get(cell.key, [])])
+            if base is None or ctrl is None or spread is None:
+                lines.append(f"- {header}, {cell.label}: not yet measured (needs both rows "
+                             "and a row with 2+ seeds)")
+                continue
+            margin = base[0] - ctrl[0]
+            verdict = "met" if margin > 2 * spread[0] else "not met"
+            lines.append(f"- {header}: {cell.label} {base[0]:.2f} (n={base[2]}) − control "
+                         f"{ctrl[0]:.2f} (n={ctrl[2]}) = **{margin:+.2f}**; pooled seed sd "
+                         f"{spread[0]:.2f} over {spread[1]} rows; margin > 2 sd: **{verdict}**")
+    return lines
+
+
 def _fmt(summary: Optional[Tuple[float, float, int]], seeds: int, digits: int = 2) -> str:
     if summary is None:
         return "–"
@@ -93,8 +139,8 @@ def _accounting(grid: Grid, results: Results) -> Dict[str, Dict[str, float]]:
     m_ref = first(by_label[grid.accounting["M"]]) if "M" in grid.accounting else None
     for cell in grid.cells:
         r = first(cell.key)
-        if r is None:
-            continue
+        if r is None or "nonembedding_params" not in r["pretrain"]:
+            continue                      # a control row: no pretrained model measured
         row = {}
         if p_ref:
             row["P"] = r["pretrain"]["nonembedding_params"] / p_ref["pretrain"][
@@ -120,14 +166,14 @@ def results_table(grid: Grid, results: Results) -> str:
     cols = columns(grid)
     seeds = len(grid.scale.seeds)
     acct = _accounting(grid, results) if grid.accounting else {}
-    header = list(grid.axes)
+    header = list(grid.axes) + ["seeds"]
     if grid.accounting:
         header += ["Params", "Cost"]
     header += [h for h, _ in cols] + [f"paper: {c}" for c in grid.paper_columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     digits = paper_digits(grid)
     for cell in grid.cells:
-        row = [label for _, label in cell.labels]
+        row = [label for _, label in cell.labels] + [seed_list(results.get(cell.key, []))]
         if grid.accounting:
             a = acct.get(cell.key, {})
             row += [f"{a['P']:.2f}P" if "P" in a else "–", f"{a['M']:.2f}M" if "M" in a else "–"]
@@ -173,11 +219,12 @@ def compute_table(grid: Grid, results: Results) -> str:
             continue
         mean = lambda fn: statistics.fmean(fn(r) for r in found)  # noqa: E731
         ft = lambda r, k: sum(s.get(k, 0) for s in r["finetune"].values())  # noqa: E731
+        params = found[0]["pretrain"].get("params")
         lines.append("| " + " | ".join([
-            cell.label, str(len(found)), f"{found[0]['pretrain']['params']:,}",
-            f"{mean(lambda r: r['pretrain']['steps']):.0f}",
-            _human(mean(lambda r: r["pretrain"]["tokens"])),
-            _human(mean(lambda r: r["pretrain"]["flops"])),
+            cell.label, str(len(found)), "–" if params is None else f"{params:,}",
+            f"{mean(lambda r: pretraining_used(r, 'steps')):.0f}",
+            _human(mean(lambda r: pretraining_used(r, "tokens"))),
+            _human(mean(lambda r: pretraining_used(r, "flops"))),
             f"{mean(lambda r: r['pretrain']['wall_s']):.0f} s"
             + _copied([r["pretrain"] for r in found]),
             f"{mean(lambda r: ft(r, 'steps')):.0f}",
@@ -186,6 +233,16 @@ def compute_table(grid: Grid, results: Results) -> str:
             + _copied([s for r in found for s in r["finetune"].values()]),
             _cpu(found)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def pretraining_used(result: Mapping[str, Any], key: str) -> float:
+    """Steps, tokens or FLOPs of pretraining behind a cell's fine-tuning: the pretraining's,
+    or the share of it up to the step a learning-curve cell fine-tuned from."""
+    pre = result["pretrain"]
+    step = result.get("from_step")
+    if step is None or not pre["steps"]:
+        return pre[key]
+    return pre[key] * step / pre["steps"]
 
 
 def _cpu(found: Sequence[Mapping[str, Any]]) -> str:
@@ -259,13 +316,18 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
     dates = sorted(r["finished"][:10] for r in finished) or ["–"]
     text = [f"# {grid.title} — scale `{grid.scale.name}`", "",
             f"Produced by `{command}` on {', '.join(hardware)}; cells finished "
-            f"{dates[0]} … {dates[-1]}. Seeds {list(grid.scale.seeds)}: our numbers are the "
-            f"mean ±half the range over seeds, on the `{grid.scale.split}` split"
+            f"{dates[0]} … {dates[-1]}. Our numbers are the mean ±half the range over the "
+            f"seeds each row lists (the scale runs {list(grid.scale.seeds)}), on the "
+            f"`{grid.scale.split}` split"
             + (f" ({grid.scale.eval_examples} examples spread evenly over it)"
                if grid.scale.eval_examples else "") + ".", ""]
     if grid.scale.description:
         text += [grid.scale.description, ""]
     text += [results_table(grid, results), ""]
+    margins = control_margins(grid, results)
+    if margins:
+        text += ["**Does pretraining matter here?** Against the same model fine-tuned from "
+                 "random initialisation (the control row), per column:", "", *margins, ""]
     if grid.paper_columns:
         text += [f"Columns `paper: …` are the published values ({grid.paper_source}), typed "
                  "from the paper; they are for other tasks and scales, so compare orderings, "

@@ -46,8 +46,9 @@ def cell_dir(out_dir: str, grid: Grid, cell: Cell, seed: int) -> str:
 
 def pretrain_dir(out_dir: str, grid: Grid, cell: Cell, seed: int) -> str:
     """Where the cell pretrains: shared by cells whose pretraining lines are identical (BERT
-    Table 5's "+ BiLSTM" only changes fine-tuning), under the first such cell's key."""
-    owner = next(c for c in grid.cells if c.pretrain == cell.pretrain)
+    Table 5's "+ BiLSTM" only changes fine-tuning), under the first such cell's key that
+    pretrains (not a control row)."""
+    owner = next(c for c in grid.cells if c.pretrain == cell.pretrain and c.pretrained)
     return os.path.join(out_dir, grid.name, grid.scale.name, owner.key, f"seed{seed}",
                         "pretrain")
 
@@ -151,6 +152,19 @@ def twin_finetuning(pretrain_twin: str, task: str, config_str: str, tail: str
     other = os.path.join(os.path.dirname(pretrain_twin), "finetune", task)
     upstream = f"{_read_text(os.path.join(pretrain_twin, 'config.sha256'))} {tail}"
     return other if _finished_as(other, config_str, upstream) else None
+
+
+def twin_control(out_dir: str, grid: Grid, seed: int, task: str, model_dir: str,
+                 config_str: str, upstream: str) -> Optional[str]:
+    """A finished fine-tuning from random initialisation on `task` in any grid under
+    `out_dir` (same scale and seed) that ran this configuration: T5 Tables 5-7's control
+    rows are one run."""
+    pattern = os.path.join(out_dir, "*", grid.scale.name, "*", f"seed{seed}", "finetune", task)
+    for other in sorted(glob.glob(pattern)):
+        if (os.path.abspath(other) != os.path.abspath(model_dir)
+                and _finished_as(other, config_str, upstream)):
+            return other
+    return None
 
 
 def _finished_as(stage_dir: str, config_str: str, upstream: str) -> bool:
@@ -271,13 +285,15 @@ def _early_heldout(grid: Grid, exp, model_dir: str, config_str: str,
     return early
 
 
-def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
+def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optional[str],
              model_dir: str, pretrained_sha: str = "",
              progress: Callable[[str], None] = print,
-             pretrain_twin: Optional[str] = None) -> Dict[str, Any]:
+             pretrain_twin: Optional[str] = None,
+             out_dir: Optional[str] = None) -> Dict[str, Any]:
     """Fine-tune the pretrained cell on `task` and score the scale's split (or reuse the
     finished stage when neither its configuration nor its pretraining changed, or copy
-    the same fine-tuning of `pretrain_twin`, the pretraining ours was copied from)."""
+    the same fine-tuning of `pretrain_twin`, the pretraining ours was copied from).
+    `pretrained_dir` None: from random initialisation (a control row)."""
     from t2t.run import experiment as experiment_lib
     from t2t.run import finetune as finetune_lib
     files, bindings = stage_config(grid, grid.scale.finetune_lines(task) + cell.finetune)
@@ -294,6 +310,9 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
     if stage is not None:
         return stage
     twin = pretrain_twin and twin_finetuning(pretrain_twin, task, config_str, tail)
+    if not twin and pretrained_dir is None and out_dir:
+        twin = twin_control(out_dir, grid, seed, task, model_dir, config_str,
+                            f"{pretrained_sha} {tail}")
     if twin:
         progress(f"fine-tuning on {task}: the same run finished in {twin}; copying it")
         stage = _copy_stage(twin, model_dir, sha)
@@ -312,6 +331,27 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: str,
     return stage
 
 
+# The pretraining stage of a control row, which has none (the table's compute columns read it).
+RANDOM_INIT = {"stopped_by": "done", "random_init": True, "steps": 0, "tokens": 0,
+               "flops": 0.0, "wall_s": 0.0, "cpu_s": 0.0}
+
+
+def initial_checkpoint(cell: Cell, pre_dir: str) -> str:
+    """What the cell fine-tunes from: the pretraining's MODEL_DIR (its last step), or the
+    directory of step `cell.from_step` (a learning curve), which must have been kept."""
+    if cell.from_step is None:
+        return pre_dir
+    step_dir = os.path.join(pre_dir, "checkpoints", str(cell.from_step))
+    if not os.path.isdir(step_dir):
+        kept = sorted(int(d) for d in os.listdir(os.path.join(pre_dir, "checkpoints"))
+                      if d.isdigit()) if os.path.isdir(os.path.join(pre_dir, "checkpoints")) else []
+        raise ValueError(f"cell {cell.label!r} fine-tunes from pretraining step "
+                         f"{cell.from_step}, but {pre_dir} kept checkpoints {kept}: make the "
+                         "scale's TrainConfig.checkpoint_every divide it and keep_checkpoints "
+                         "hold it")
+    return step_dir
+
+
 def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
              progress: Callable[[str], None] = print) -> Dict[str, Any]:
     """One cell at one seed, every finished stage of the same configuration reused;
@@ -321,14 +361,21 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     def say(message: str) -> None:
         progress(f"{cell.label} (seed {seed}): {message}")
 
-    pre_dir = pretrain_dir(out_dir, grid, cell, seed)
-    pre, pre_sha = pretrain(grid, cell, seed, pre_dir, say, out_dir)
-    if pre["stopped_by"] != "done":
-        return {"stopped_by": pre["stopped_by"]}
+    if cell.pretrained:
+        pre_dir = pretrain_dir(out_dir, grid, cell, seed)
+        pre, pre_sha = pretrain(grid, cell, seed, pre_dir, say, out_dir)
+        if pre["stopped_by"] != "done":
+            return {"stopped_by": pre["stopped_by"]}
+        start_from = initial_checkpoint(cell, pre_dir)
+    else:
+        pre, pre_sha, start_from = dict(RANDOM_INIT), "random-init", None
     downstream = {}
     for task, _ in grid.scale.tasks:
-        stage = finetune(grid, cell, seed, task, pre_dir, os.path.join(root, "finetune", task),
-                         pre_sha, say, pre.get("copied_from"))
+        stage = finetune(grid, cell, seed, task, start_from,
+                         os.path.join(root, "finetune", task),
+                         pre_sha if cell.from_step is None else f"{pre_sha}@{cell.from_step}",
+                         say, pre.get("copied_from") if cell.from_step is None else None,
+                         out_dir)
         if stage["stopped_by"] != "done":
             return {"stopped_by": stage["stopped_by"]}
         downstream[task] = stage
@@ -339,6 +386,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
               "labels": dict(cell.labels), "label": cell.label, "seed": seed,
               "pretrain": pre, "finetune": downstream, "hardware": hardware(),
+              **({} if cell.from_step is None else {"from_step": cell.from_step}),
               "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds")}
     if jax.process_index() == 0:

@@ -64,6 +64,12 @@ def checkpoint_dir(path: str) -> str:
     return sub if storage.path(sub).is_dir() else path
 
 
+def _is_step_dir(path: str) -> bool:
+    """Whether `path` is one step of a t2t checkpoints directory (`.../checkpoints/<step>`)."""
+    where = storage.path(path)
+    return where.name.isdigit() and (where / "state").is_dir()
+
+
 def latest_step(ckpt_dir: str) -> Optional[int]:
     """The newest complete step in a checkpoints directory (None: none, or no directory)."""
     if not storage.path(ckpt_dir).is_dir():
@@ -74,10 +80,13 @@ def latest_step(ckpt_dir: str) -> Optional[int]:
 
 def restore_params(path: str, target: Optional[Params] = None,
                    step: Optional[int] = None, what: str = "initial checkpoint") -> Params:
-    """The parameters of a t2t checkpoint's `step` (default: latest), without optimizer or
+    """The parameters of a t2t checkpoint's `step` (default: latest, or the step `path`
+    names when it is `MODEL_DIR/checkpoints/<step>`), without optimizer or
     data state. `target`: abstract params with shardings (shapes and dtypes are checked,
     every mismatch named); None restores the stored tree as numpy arrays."""
     ckpt_dir = checkpoint_dir(path)
+    if step is None and _is_step_dir(path):      # MODEL_DIR/checkpoints/<step>: that step
+        ckpt_dir, step = str(storage.path(path).parent), int(storage.path(path).name)
     step = latest_step(ckpt_dir) if step is None else step
     if step is None:
         raise FileNotFoundError(f"no t2t checkpoint in {path!r} (expected a MODEL_DIR with "
@@ -582,6 +591,14 @@ def bible_wordpiece_path(vocab_size: int = 8000) -> str:
     @bible_wordpiece_path()`."""
     from t2t.data.catalog.bible import bible_wordpiece
     return bible_wordpiece(vocab_size).vocab_file
+
+
+@configurable
+def micro_wordpiece_path(vocab_size: int = 16000) -> str:
+    """The vocab.txt of the micro corpus's WordPiece (the micro_* BERT tasks'; trained once,
+    cached): `classifier_experiment.vocabulary = @micro_wordpiece_path()`."""
+    from t2t.data.catalog.micro import micro_wordpiece
+    return micro_wordpiece(vocab_size).vocab_file
 
 
 @configurable

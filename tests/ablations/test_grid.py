@@ -54,25 +54,51 @@ def test_overrides_paper_values_and_accounting_are_checked():
         _ablation().select(["nothing"])
 
 
+CURVE = "configs/ablations/micro_learning_curve.gin"     # a check of the scale, not a table
 GRIDS = sorted(p.relative_to(CONFIG_DIR.parent).as_posix()
-               for p in (CONFIG_DIR / "ablations").glob("*.gin"))
+               for p in (CONFIG_DIR / "ablations").glob("*.gin")
+               if p.relative_to(CONFIG_DIR.parent).as_posix() != CURVE)
+MICRO_GRIDS = [p for p in GRIDS if "t5_table" in p or "bert_table" in p]
 
 
 @pytest.mark.parametrize("path", GRIDS)
 def test_every_shipped_grid_loads_with_paper_values_for_each_row(path):
     grid = grid_lib.load_grid(path, "tiny")
     assert grid.cells and grid.scale.tasks
-    assert set(grid.paper) == {c.label for c in grid.cells}, "a row without published values"
+    assert set(grid.paper) == {c.label for c in grid.cells if c.pretrained}, \
+        "a row without published values"
     assert len({c.key for c in grid.cells}) == len(grid.cells)
     vocab = ["T5_VOCABULARY = 'v'", "BERT_VOCABULARY = 'v'"]
-    for scale in ("small", "paper"):   # every grid has the issue's three scales
+    scales = ("small", "paper") + (("micro",) if path in MICRO_GRIDS else ())
+    for scale in scales:   # every grid has the issue's three scales; the papers' tables micro
         other = grid_lib.load_grid(path, scale, vocab)
         assert [c.key for c in other.cells] == [c.key for c in grid.cells]
 
 
+@pytest.mark.parametrize("path", MICRO_GRIDS)
+def test_every_papers_table_ends_with_its_baselines_random_init_control(path):
+    grid = grid_lib.load_grid(path, "micro")
+    control = grid.cells[-1]
+    assert control.label == "Random init (control)" and not control.pretrained
+    like = next(c for c in grid.cells if c.label == grid.control)
+    assert (control.pretrain, control.finetune) == (like.pretrain, like.finetune)
+    assert [c for c in grid.cells if not c.pretrained] == [control]
+
+
+def test_the_learning_curve_fine_tunes_from_checkpoints_its_pretraining_keeps():
+    grid = grid_lib.load_grid(CURVE, "micro")
+    assert [c.from_step for c in grid.cells] == [0, 125, 250, None]
+    lines = " ".join(grid.scale.pretrain)
+    assert "TRAIN_STEPS = %T5_MICRO_PRETRAIN_STEPS" in lines
+    assert "TrainConfig.checkpoint_every = 125" in lines and "keep_checkpoints = 4" in lines
+    table2 = grid_lib.load_grid("configs/ablations/t5_table2.gin", "micro")
+    baseline = next(c for c in table2.cells if c.label == "Denoising / Encoder-decoder")
+    assert grid.cells[-1].pretrain == baseline.pretrain     # its last row is Table 2's cell
+
+
 def test_t5_table2_has_the_papers_ten_rows():
     grid = grid_lib.load_grid("configs/ablations/t5_table2.gin", "tiny")
-    assert len(grid.cells) == 10
+    assert len(grid.cells) == 11 and grid.cells[-1].label == "Random init (control)"
     assert grid.paper["Denoising / Encoder-decoder"][0] == 83.28   # the baseline's GLUE
     lm = grid.select(["lm-language_model"])[0]
     assert "experiment.converter_options = {'loss_on_targets_only': False}" in lm.pretrain
@@ -97,22 +123,27 @@ def test_every_tiny_cell_builds_its_pretraining_run_and_first_batch(path, tmp_pa
         assert any(v.any() for k, v in batch.items() if "weights" in k), cell.key
 
 
+@pytest.mark.parametrize("scale", ["tiny", "micro"])
 @pytest.mark.parametrize("path", ["configs/ablations/t5_table6.gin",
                                   "configs/ablations/t5_table7.gin"])
-def test_tiny_denoising_rows_hold_their_targets(path):
+def test_denoising_rows_hold_their_targets(path, scale):
     """Each row's target length keeps >= 99% of its objective's targets whole on real
-    chapters (and every input), so corruption rate and span length are what differ."""
+    chapters (and every input), so corruption rate and span length are what differ. The
+    fit depends on the input length, not the text: `micro` is checked on the Bible too."""
     import numpy as np
     from t2t.run import gin_utils
     from t2t.ablations import runner
     from t2t.run import experiment
-    grid = grid_lib.load_grid(path, "tiny")
+    grid = grid_lib.load_grid(path, scale)
     for cell in grid.cells:
+        if not cell.pretrained:
+            continue
         files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)
-        gin_utils.parse(files, bindings + ["MODEL_DIR = '/unused'"])
+        gin_utils.parse(files, bindings + ["MODEL_DIR = '/unused'", "CORPUS = 'bible_web'"])
         exp = experiment.experiment()
         task, lengths = exp.task, exp.converter.lengths
-        examples = [ex for i in range(0, len(task.source), 40)
+        every = 40 * 64 // lengths["inputs"]               # about as many tokens per scale
+        examples = [ex for i in range(0, len(task.source), every)
                     for ex in task.preprocess(task.source[i], (0, i), lengths)]
         assert len(examples) > 300, cell.key
         assert max(len(ex["inputs"]) for ex in examples) <= lengths["inputs"], cell.key

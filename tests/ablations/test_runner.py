@@ -4,6 +4,8 @@ renders our numbers beside the paper's with the P/M accounting."""
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from t2t.ablations import grid as grid_lib, report, runner
@@ -153,9 +155,10 @@ def test_report_puts_our_numbers_beside_the_papers(ran):
     for line in md.splitlines():
         if line.startswith("| Encoder-decoder") or line.startswith("| Prefix LM"):
             rows.setdefault(line.split(" | ")[0].strip("| "), line.split(" | "))
-    # Architecture | Params | Cost | bleu | paper: GLUE
-    assert rows["Prefix LM"][1] == "1.00P" and rows["Encoder-decoder"][2] == "1.00M"
-    assert float(rows["Encoder-decoder"][1].rstrip("P")) > 1.5      # two stacks: ~2P
+    # Architecture | seeds | Params | Cost | bleu | paper: GLUE
+    assert rows["Prefix LM"][1] == "0" and rows["Prefix LM"][2] == "1.00P"
+    assert rows["Encoder-decoder"][3] == "1.00M"
+    assert float(rows["Encoder-decoder"][2].rstrip("P")) > 1.5      # two stacks: ~2P
     assert rows["Encoder-decoder"][-1].strip(" |") == "83.28"
     assert "## Compute" in md
     assert f"t2t ablate {grid.source} --scale=tiny --out_dir={out}" in md   # the command ran
@@ -237,3 +240,70 @@ def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tm
     assert [c for c, _ in report.columns(grid)][:2] == ["held-out ppl at 1", "held-out ppl"]
     table = report.compute_table(ran[0], runner.load_results(ran[0], ran[1]))
     assert all(line.endswith(" s |") for line in table.splitlines()[2:])   # CPU seconds
+
+
+CURVE = GRID.replace("'TRAIN_STEPS = 2'", "'TRAIN_STEPS = 2', 'TrainConfig.checkpoint_every = 1', "
+                     "'TrainConfig.keep_checkpoints = 2'").split("ablation.name")[0] + """
+ablation.name = 'curve'
+ablation.title = 'Curve'
+ablation.scales = {'tiny': %MICRO}
+ablation.axes = {'Pretraining': {'2 steps': [], '1 step': {'key': 'step1', 'from_step': 1}}}
+ablation.control = '2 steps'
+"""
+
+
+def test_a_control_row_and_a_learning_curve_share_one_pretraining(tmp_path):
+    from t2t.run.finetune import restore_params
+    path = tmp_path / "curve.gin"
+    path.write_text(CURVE)
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    main(["ablate", str(path), "--scale=tiny", f"--out_dir={out}", f"--docs_dir={docs}"])
+    grid = grid_lib.load_grid(str(path), "tiny")
+    assert [c.label for c in grid.cells] == ["2 steps", "1 step", "Random init (control)"]
+    results = runner.load_results(grid, str(out))
+    control = results["random_init"][0]
+    assert control["pretrain"]["random_init"] and control["pretrain"]["steps"] == 0
+    ft_config = os.path.join(runner.cell_dir(str(out), grid, grid.cells[2], 0), "finetune",
+                             "bible_style_kjv_to_web", "config.gin")
+    assert "INITIAL_CHECKPOINT = None" in open(ft_config).read()
+    # one pretraining (the first cell's) serves the curve; step 1 is not the last step's
+    pre = runner.pretrain_dir(str(out), grid, grid.cells[1], 0)
+    assert pre == os.path.join(runner.cell_dir(str(out), grid, grid.cells[0], 0), "pretrain")
+    assert results["step1"][0]["from_step"] == 1
+    step_one = restore_params(os.path.join(pre, "checkpoints", "1"))
+    for a, b in zip(jax.tree.leaves(step_one), jax.tree.leaves(restore_params(pre, step=1))):
+        np.testing.assert_array_equal(a, b)
+    assert any((a != b).any() for a, b in zip(jax.tree.leaves(step_one),
+                                             jax.tree.leaves(restore_params(pre))))
+    md = open(os.path.join(docs, "curve_tiny.md")).read()
+    assert "| Random init (control) | 0 |" in md and "Does pretraining matter here?" in md
+    assert "2 steps" in md.split("Does pretraining matter here?")[1]
+    # another grid's identical control row is copied, not run again
+    other = tmp_path / "other.gin"
+    other.write_text(CURVE.replace("ablation.name = 'curve'", "ablation.name = 'other'"))
+    main(["ablate", str(other), "--scale=tiny", "--cells=random_init", f"--out_dir={out}",
+          f"--docs_dir={docs}"])
+    copied = runner.load_results(grid_lib.load_grid(str(other), "tiny"), str(out))
+    stage = copied["random_init"][0]["finetune"]["bible_style_kjv_to_web"]
+    assert "curve" in stage["copied_from"]
+    assert stage["metrics"] == control["finetune"]["bible_style_kjv_to_web"]["metrics"]
+    # a step the pretraining did not keep is one line naming what it kept
+    with pytest.raises(ValueError, match=r"kept checkpoints \[1, 2\]"):
+        runner.initial_checkpoint(grid_lib.Cell("x", (), (), (), from_step=3), pre)
+
+
+def test_the_control_margin_is_against_twice_the_pooled_seed_sd():
+    grid = grid_lib.ablation(
+        name="g", title="t", axes={"A": {"base": [], "other": []}},
+        scales={"tiny": {"pretrain": [], "finetune": [], "tasks": {"t": "accuracy"}}},
+        control="base")
+    def res(seed, acc):
+        return {"seed": seed, "pretrain": {}, "finetune": {"t": {"metrics": {"accuracy": acc}}}}
+    results = {"base": [res(0, 80.0), res(1, 82.0), res(2, 84.0)],     # variance 4
+               "other": [res(0, 70.0), res(1, 76.0)],                  # variance 18
+               "random_init": [res(0, 70.0), res(1, 72.0), res(2, 74.0)]}   # variance 4
+    (line,) = report.control_margins(grid, results)
+    # pooled sd = sqrt((4 + 18 + 4) / 3) = 2.94; margin 82 - 72 = 10 > 5.89
+    assert "**+10.00**" in line and "sd 2.94 over 3 rows" in line and "**met**" in line
+    results["base"] = [res(0, 74.0), res(1, 76.0), res(2, 78.0)]
+    assert "**not met**" in report.control_margins(grid, results)[0]

@@ -15,7 +15,9 @@ Registered at import, read only when used (an unbuilt corpus is a one-line error
   unigram SentencePiece trained once on the training split and cached;
 * ``micro_mlm_nsp``, ``micro_mlm`` (BERT MLM, whole word; documents = records, sentences
   split at ". ") and ``micro_ltr``, with `micro_wordpiece`;
-* each one's ``<name>_validation`` twin over the held-out documents.
+* each one's ``<name>_validation`` twin over the held-out documents;
+* the low-resource downstream tasks ``micro_bbc_topic_200``, ``micro_spam_100`` and
+  ``micro_gettext_en_de_2k`` (`low_resource`) with `micro_sentencepiece`.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from t2t.data import vocab_training
-from t2t.data.catalog import builders, corpora
+from t2t.data.catalog import builders, corpora, low_resource
 from t2t.data.catalog.builders import Builder, BuildError
 from t2t.data.catalog.paper import sentences
 from t2t.data.sources import BundledSource, JsonlSource
@@ -189,3 +191,4 @@ def register_micro_tasks(sentencepiece: Any = micro_sentencepiece,
 
 
 register_micro_tasks()
+low_resource.register_low_resource_tasks(micro_sentencepiece, prefix="micro_")
