@@ -109,6 +109,20 @@ def control_margins(grid: Grid, results: Results) -> List[str]:
     return lines
 
 
+def unigram_line(grid: Grid, results: Results) -> str:
+    """The held-out perplexity's floor: the same targets scored by the training targets'
+    frequencies alone (mean over the results that measured it; '' if none did)."""
+    found = [r["pretrain"]["heldout"]["unigram"] for rs in results.values() for r in rs
+             if "unigram" in r["pretrain"].get("heldout", {})]
+    if not found:
+        return ""
+    ppl = summarize([math.exp(u["loss"]) for u in found])
+    return (f"Unigram baseline of `held-out ppl`: **{ppl[0]:.1f}** (the held-out targets "
+            f"scored by the frequencies of {found[0]['train_targets']:,} training targets, "
+            f"add-one smoothed; mean of {ppl[2]} measurements): a perplexity below it is "
+            "learning.")
+
+
 def _fmt(summary: Optional[Tuple[float, float, int]], seeds: int, digits: int = 2) -> str:
     if summary is None:
         return "–"
@@ -324,6 +338,9 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
     if grid.scale.description:
         text += [grid.scale.description, ""]
     text += [results_table(grid, results), ""]
+    floor = unigram_line(grid, results)
+    if floor:
+        text += [floor, ""]
     margins = control_margins(grid, results)
     if margins:
         text += ["**Does pretraining matter here?** Against the same model fine-tuned from "

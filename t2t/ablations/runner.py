@@ -238,6 +238,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     stage["forward_flops_per_row"] = forward_flops_per_row(exp.trainer.model, result)
     if grid.scale.heldout and result.stopped_by == "done":
         stage["heldout"] = _score_heldout(grid, exp, result.state.params)
+        stage["heldout"]["unigram"] = _unigram_baseline(exp)
         if early is not None:
             stage["heldout_early"] = early
     if stage["stopped_by"] == "done":
@@ -255,6 +256,20 @@ def _score_heldout(grid: Grid, exp, params) -> Dict[str, Any]:
     return {"task": task, "metric": metric, **scores,
             "wall_s": round(time.perf_counter() - start, 1),
             "cpu_s": round(time.process_time() - cpu, 1)}
+
+
+UNIGRAM_TRAIN_BATCHES = 200
+
+
+def _unigram_baseline(exp) -> Dict[str, Any]:
+    """The held-out task scored by the training targets' frequencies alone
+    (`t2t.evaluation.unigram`; `exp.eval_task` is the held-out task): the floor a held-out
+    perplexity is read against."""
+    from t2t.evaluation import unigram
+    counts = unigram.count_targets(exp.data(), exp.trainer.model.config.vocab_size,
+                                   UNIGRAM_TRAIN_BATCHES)
+    return {"loss": unigram.unigram_loss(counts, exp.eval_data()),
+            "train_targets": int(counts.sum())}
 
 
 def _early_heldout(grid: Grid, exp, model_dir: str, config_str: str,

@@ -220,7 +220,8 @@ def test_a_preempted_stage_stops_the_grid_with_exit_75(tmp_path, monkeypatch):
     assert code == 75 and len(calls) == 1 and not (tmp_path / "docs").exists()
 
 
-def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tmp_path):
+def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tmp_path,
+                                                                         monkeypatch):
     """`heldout_early`: the stage trains to that step, scores the held-out task, resumes to
     the end (the same final loss as the uninterrupted cell), and records both scores with
     their CPU seconds; the report gets an early column."""
@@ -231,8 +232,11 @@ def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tm
     out = tmp_path / "runs"
     grid = grid_lib.load_grid(str(path), "tiny")
     cell = grid.cells[0]
+    monkeypatch.setattr(runner, "UNIGRAM_TRAIN_BATCHES", 4)
     pre, _ = runner.pretrain(grid, cell, 0, runner.pretrain_dir(str(out), grid, cell, 0))
     early, final = pre["heldout_early"], pre["heldout"]
+    # the floor: the held-out targets scored by 4 training batches' target frequencies
+    assert final["unigram"]["train_targets"] > 4 * 8 and 1.0 < final["unigram"]["loss"] < 9.1
     assert early["step"] == 1 and pre["steps"] == 2 and early["loss"] != final["loss"]
     assert min(early["cpu_s"], final["cpu_s"], pre["cpu_s"]) > 0
     plain = runner.load_results(ran[0], ran[1])[cell.key][0]["pretrain"]
