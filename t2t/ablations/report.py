@@ -40,9 +40,10 @@ def average(result: Dict[str, Any], tasks: Sequence[Tuple[str, str]]) -> Optiona
 
 def columns(grid: Grid) -> List[Tuple[str, Any]]:
     """(header, function of one result -> number) for our measured columns: the scale's
-    averages, then each task that is in no average."""
+    averages, then each task that is in no average (every task with `task_columns`)."""
     metric_of = dict(grid.scale.tasks)
-    grouped = {t for _, names in grid.scale.averages for t in names}
+    grouped = set() if grid.scale.task_columns else {
+        t for _, names in grid.scale.averages for t in names}
     cols = [(column, (lambda r, ts=tuple((t, metric_of[t]) for t in names): average(r, ts)))
             for column, names in grid.scale.averages]
     cols += [(f"{task} {metric}", (lambda r, t=task, m=metric: metric_value(r, t, m)))

@@ -187,6 +187,11 @@ def test_average_columns_need_every_task_of_their_group():
     assert cols["GLUE"](result) == 70.0 and cols["c bleu"](result) == 20.0
     del result["finetune"]["b"]
     assert cols["GLUE"](result) is None
+    every = grid_lib.ablation(
+        name="g", title="G", axes={"A": {"x": []}},
+        scales={"tiny": {"pretrain": [], "finetune": [], "tasks": {"a": "accuracy", "b": "f1"},
+                         "averages": {"Average": ["a", "b"]}, "task_columns": True}})
+    assert [h for h, _ in report.columns(every)] == ["Average", "a accuracy", "b f1"]
     with pytest.raises(ValueError, match="averages or task_finetune name tasks not in"):
         grid_lib.make_scale("s", {"pretrain": [], "finetune": [], "tasks": {"a": "x"},
                                   "averages": {"G": ["z"]}})
