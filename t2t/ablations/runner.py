@@ -356,10 +356,11 @@ def initial_checkpoint(cell: Cell, pre_dir: str) -> str:
     directory of step `cell.from_step` (a learning curve), which must have been kept."""
     if cell.from_step is None:
         return pre_dir
-    step_dir = os.path.join(pre_dir, "checkpoints", str(cell.from_step))
+    steps_dir = os.path.join(pre_dir, "checkpoints")
+    step_dir = os.path.join(steps_dir, str(cell.from_step))
     if not os.path.isdir(step_dir):
-        kept = sorted(int(d) for d in os.listdir(os.path.join(pre_dir, "checkpoints"))
-                      if d.isdigit()) if os.path.isdir(os.path.join(pre_dir, "checkpoints")) else []
+        kept = sorted(int(d) for d in os.listdir(steps_dir) if d.isdigit()) \
+            if os.path.isdir(steps_dir) else []
         raise ValueError(f"cell {cell.label!r} fine-tunes from pretraining step "
                          f"{cell.from_step}, but {pre_dir} kept checkpoints {kept}: make the "
                          "scale's TrainConfig.checkpoint_every divide it and keep_checkpoints "
