@@ -282,8 +282,9 @@ def check_plotting() -> None:
 
 
 def plot(grid: Grid, results: Results, path: str) -> str:
-    """Bars per cell for each measured column (whiskers: the seeds' range), and the
-    paper's first column for comparison of the ordering; saved as PNG."""
+    """Bars per cell for each measured column (whiskers: the seeds' range; a dashed line at
+    the random-init control's mean), and the paper's first column for comparison of the
+    ordering; saved as PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -306,6 +307,10 @@ def plot(grid: Grid, results: Results, path: str) -> str:
             errs.append(s[1] if s else 0.0)
         ax.bar(range(len(labels)), means, yerr=errs, capsize=3,
                color="tab:gray" if fn is None else "tab:blue")
+        control = [m for cell, m in zip(grid.cells, means)
+                   if fn is not None and not cell.pretrained and not math.isnan(m)]
+        if control:     # what every pretrained row must beat
+            ax.axhline(control[0], color="tab:red", linestyle="--", linewidth=1)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
