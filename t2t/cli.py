@@ -305,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_infer)
     p = sub.add_parser("ablate", help="run a paper's ablation table (configs/ablations)")
     p.add_argument("grid", help="grid gin file, e.g. configs/ablations/t5_table2.gin")
-    p.add_argument("--scale", default="tiny", help="tiny | small | paper (the grid's scales)")
+    p.add_argument("--scale", default="tiny",
+                   help="tiny | micro | small | paper (the grid's scales; "
+                        "micro_learning_curve.gin has micro only)")
     p.add_argument("--cells", help="comma-separated regexes of cell keys or labels (default: all)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
     p.add_argument("--shard", help="i/n: run every n-th (cell, seed) from i (parallel hosts)")

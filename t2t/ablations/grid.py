@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
+from t2t.errors import ConfigError
 from t2t.run.configurables import configurable
 
 STAGES = ("pretrain", "finetune")
@@ -107,7 +108,7 @@ class Grid:
         chosen = [c for c in self.cells
                   if any(re.search(p, c.key) or re.search(p, c.label) for p in patterns)]
         if not chosen:
-            raise ValueError(f"no cell of {self.name} matches {list(patterns)}; cells: "
+            raise ConfigError(f"no cell of {self.name} matches {list(patterns)}; cells: "
                              f"{[c.key for c in self.cells]}")
         return chosen
 
@@ -123,11 +124,11 @@ def _stage_lines(option: Any, where: str) -> Dict[str, Tuple[str, ...]]:
     if isinstance(option, Mapping):
         unknown = set(option) - {"pretrain", "finetune", "both", "key", "from_step"}
         if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; use pretrain, "
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; use pretrain, "
                              "finetune, both, key, from_step")
         both = tuple(option.get("both", ()))
         return {stage: both + tuple(option.get(stage, ())) for stage in STAGES}
-    raise TypeError(f"{where}: an option is a list of gin lines or a dict, got {option!r}")
+    raise ConfigError(f"{where}: an option is a list of gin lines or a dict, got {option!r}")
 
 
 def make_cells(axes: Mapping[str, Mapping[str, Any]],
@@ -139,12 +140,12 @@ def make_cells(axes: Mapping[str, Mapping[str, Any]],
     cells = []
     for combo in combos:
         if len(combo) != len(names):
-            raise ValueError(f"row {combo} needs one label per axis {names}")
+            raise ConfigError(f"row {combo} needs one label per axis {names}")
         lines = {stage: () for stage in STAGES}
         keys, from_step = [], None
         for axis, label in zip(names, combo):
             if label not in axes[axis]:
-                raise ValueError(f"axis {axis!r} has no option {label!r}; "
+                raise ConfigError(f"axis {axis!r} has no option {label!r}; "
                                  f"options: {list(axes[axis])}")
             option = axes[axis][label]
             for stage, stage_lines in _stage_lines(option, f"{axis}/{label}").items():
@@ -157,18 +158,18 @@ def make_cells(axes: Mapping[str, Mapping[str, Any]],
         cells.append(Cell("-".join(keys), tuple(zip(names, combo)), lines["pretrain"],
                           lines["finetune"], None if from_step is None else int(from_step)))
     if len({c.key for c in cells}) != len(cells):
-        raise ValueError("two cells share a key; give options distinct labels or keys")
+        raise ConfigError("two cells share a key; give options distinct labels or keys")
     return tuple(cells)
 
 
 def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
     unknown = set(spec) - SCALE_KEYS
     if unknown:
-        raise ValueError(f"scale {name!r}: unknown keys {sorted(unknown)}; "
+        raise ConfigError(f"scale {name!r}: unknown keys {sorted(unknown)}; "
                          f"valid: {sorted(SCALE_KEYS)}")
     missing = {"pretrain", "finetune", "tasks"} - set(spec)
     if missing:
-        raise ValueError(f"scale {name!r} needs {sorted(missing)}")
+        raise ConfigError(f"scale {name!r} needs {sorted(missing)}")
     heldout = spec.get("heldout")
     averages = tuple((column, tuple(names)) for column, names in
                      dict(spec.get("averages", {})).items())
@@ -177,7 +178,7 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
     unknown_tasks = ({t for _, names in averages for t in names} | set(dict(task_finetune))
                      ) - set(dict(spec["tasks"]))
     if unknown_tasks:
-        raise ValueError(f"scale {name!r}: averages or task_finetune name tasks not in "
+        raise ConfigError(f"scale {name!r}: averages or task_finetune name tasks not in "
                          f"`tasks`: {sorted(unknown_tasks)}")
     return Scale(name, tuple(spec["pretrain"]), tuple(spec["finetune"]),
                  tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
@@ -201,12 +202,12 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
     `{cell label: option}`, extra lines for single cells (after the axes' lines);
     `control`: the cell the random-initialisation row repeats without pretraining."""
     if scale not in scales:
-        raise ValueError(f"grid {name!r} has no scale {scale!r}; scales: {list(scales)}")
+        raise ConfigError(f"grid {name!r} has no scale {scale!r}; scales: {list(scales)}")
     cells = make_cells(axes, rows)
     for label, option in (overrides or {}).items():
         matches = [i for i, c in enumerate(cells) if c.label == label]
         if not matches:
-            raise ValueError(f"override for unknown cell {label!r}; cells: "
+            raise ConfigError(f"override for unknown cell {label!r}; cells: "
                              f"{[c.label for c in cells]}")
         extra = _stage_lines(option, f"overrides/{label}")
         cell = cells[matches[0]]
@@ -219,14 +220,15 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
     labels = {c.label for c in cells}
     stray = set(paper) - labels
     if stray:
-        raise ValueError(f"paper values for unknown cells {sorted(stray)}; cells: {sorted(labels)}")
+        raise ConfigError(f"paper values for unknown cells {sorted(stray)}; "
+                          f"cells: {sorted(labels)}")
     for label, values in paper.items():
         if len(values) != len(paper_columns):
-            raise ValueError(f"paper row {label!r} has {len(values)} values for "
+            raise ConfigError(f"paper row {label!r} has {len(values)} values for "
                              f"{len(paper_columns)} paper_columns")
     for role, label in (accounting or {}).items():
         if label not in labels:
-            raise ValueError(f"accounting {role}: no cell {label!r}")
+            raise ConfigError(f"accounting {role}: no cell {label!r}")
     return Grid(name, title, tuple(axes), cells, make_scale(scale, scales[scale]), paper,
                 tuple(paper_columns), paper_source, dict(accounting or {}), notes,
                 control or "")
@@ -237,7 +239,7 @@ def control_cell(cells: Sequence[Cell], label: str, axes: Tuple[str, ...]) -> Ce
     initialisation (its pretraining lines kept only to name the model it builds)."""
     like = next((c for c in cells if c.label == label), None)
     if like is None:
-        raise ValueError(f"control: no cell {label!r}; cells: {[c.label for c in cells]}")
+        raise ConfigError(f"control: no cell {label!r}; cells: {[c.label for c in cells]}")
     labels = tuple((axis, CONTROL_LABEL if i == 0 else NO_LABEL) for i, axis in enumerate(axes))
     return Cell("random_init", labels, like.pretrain, like.finetune, from_step=0)
 

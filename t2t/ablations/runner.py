@@ -27,6 +27,7 @@ import jax
 
 from t2t.run import gin_utils
 from t2t.ablations.grid import Cell, Grid
+from t2t.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
@@ -361,7 +362,7 @@ def initial_checkpoint(cell: Cell, pre_dir: str) -> str:
     if not os.path.isdir(step_dir):
         kept = sorted(int(d) for d in os.listdir(steps_dir) if d.isdigit()) \
             if os.path.isdir(steps_dir) else []
-        raise ValueError(f"cell {cell.label!r} fine-tunes from pretraining step "
+        raise ConfigError(f"cell {cell.label!r} fine-tunes from pretraining step "
                          f"{cell.from_step}, but {pre_dir} kept checkpoints {kept}: make the "
                          "scale's TrainConfig.checkpoint_every divide it and keep_checkpoints "
                          "hold it")
@@ -417,9 +418,9 @@ def shard(items: Sequence[Any], spec: Optional[str]) -> List[Any]:
     try:
         i, n = (int(x) for x in spec.split("/"))
     except ValueError:
-        raise ValueError(f"--shard takes i/n such as 0/4, got {spec!r}") from None
+        raise ConfigError(f"--shard takes i/n such as 0/4, got {spec!r}") from None
     if not 0 <= i < n:
-        raise ValueError(f"--shard {spec}: need 0 <= i < n")
+        raise ConfigError(f"--shard {spec}: need 0 <= i < n")
     return list(items)[i::n]
 
 

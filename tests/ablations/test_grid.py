@@ -149,3 +149,12 @@ def test_denoising_rows_hold_their_targets(path, scale):
         assert max(len(ex["inputs"]) for ex in examples) <= lengths["inputs"], cell.key
         whole = np.mean([len(ex["targets"]) <= lengths["targets"] for ex in examples])
         assert whole >= 0.99, (cell.key, whole)
+
+
+def test_a_scale_or_cell_the_grid_lacks_is_one_line_before_anything_runs(capsys):
+    from t2t.cli import main
+    assert main(["ablate", CURVE]) == 2                     # the curve grid has micro only
+    assert main(["ablate", "configs/ablations/t5_table2.gin", "--cells", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "has no scale 'tiny'; scales: ['micro']" in err[0]
+    assert "no cell of t5_table2 matches ['nosuch']" in err[1]
