@@ -109,7 +109,7 @@ class Grid:
                   if any(re.search(p, c.key) or re.search(p, c.label) for p in patterns)]
         if not chosen:
             raise ConfigError(f"no cell of {self.name} matches {list(patterns)}; cells: "
-                             f"{[c.key for c in self.cells]}")
+                              f"{[c.key for c in self.cells]}")
         return chosen
 
 
@@ -125,7 +125,7 @@ def _stage_lines(option: Any, where: str) -> Dict[str, Tuple[str, ...]]:
         unknown = set(option) - {"pretrain", "finetune", "both", "key", "from_step"}
         if unknown:
             raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; use pretrain, "
-                             "finetune, both, key, from_step")
+                              "finetune, both, key, from_step")
         both = tuple(option.get("both", ()))
         return {stage: both + tuple(option.get(stage, ())) for stage in STAGES}
     raise ConfigError(f"{where}: an option is a list of gin lines or a dict, got {option!r}")
@@ -146,7 +146,7 @@ def make_cells(axes: Mapping[str, Mapping[str, Any]],
         for axis, label in zip(names, combo):
             if label not in axes[axis]:
                 raise ConfigError(f"axis {axis!r} has no option {label!r}; "
-                                 f"options: {list(axes[axis])}")
+                                  f"options: {list(axes[axis])}")
             option = axes[axis][label]
             for stage, stage_lines in _stage_lines(option, f"{axis}/{label}").items():
                 lines[stage] += stage_lines
@@ -166,7 +166,7 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
     unknown = set(spec) - SCALE_KEYS
     if unknown:
         raise ConfigError(f"scale {name!r}: unknown keys {sorted(unknown)}; "
-                         f"valid: {sorted(SCALE_KEYS)}")
+                          f"valid: {sorted(SCALE_KEYS)}")
     missing = {"pretrain", "finetune", "tasks"} - set(spec)
     if missing:
         raise ConfigError(f"scale {name!r} needs {sorted(missing)}")
@@ -179,7 +179,7 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
                      ) - set(dict(spec["tasks"]))
     if unknown_tasks:
         raise ConfigError(f"scale {name!r}: averages or task_finetune name tasks not in "
-                         f"`tasks`: {sorted(unknown_tasks)}")
+                          f"`tasks`: {sorted(unknown_tasks)}")
     return Scale(name, tuple(spec["pretrain"]), tuple(spec["finetune"]),
                  tuple(dict(spec["tasks"]).items()), tuple(spec.get("seeds", (0,))),
                  tuple(heldout) if heldout else None, spec.get("eval_examples"),
@@ -208,7 +208,7 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
         matches = [i for i, c in enumerate(cells) if c.label == label]
         if not matches:
             raise ConfigError(f"override for unknown cell {label!r}; cells: "
-                             f"{[c.label for c in cells]}")
+                              f"{[c.label for c in cells]}")
         extra = _stage_lines(option, f"overrides/{label}")
         cell = cells[matches[0]]
         cells = cells[:matches[0]] + (dataclasses.replace(
@@ -225,7 +225,7 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
     for label, values in paper.items():
         if len(values) != len(paper_columns):
             raise ConfigError(f"paper row {label!r} has {len(values)} values for "
-                             f"{len(paper_columns)} paper_columns")
+                              f"{len(paper_columns)} paper_columns")
     for role, label in (accounting or {}).items():
         if label not in labels:
             raise ConfigError(f"accounting {role}: no cell {label!r}")

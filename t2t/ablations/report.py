@@ -307,9 +307,8 @@ def plot(grid: Grid, results: Results, path: str) -> str:
             errs.append(s[1] if s else 0.0)
         ax.bar(range(len(labels)), means, yerr=errs, capsize=3,
                color="tab:gray" if fn is None else "tab:blue")
-        control = [m for cell, m in zip(grid.cells, means)
-                   if fn is not None and not cell.pretrained and not math.isnan(m)]
-        if control:     # what every pretrained row must beat
+        control = [m for cell, m in zip(grid.cells, means) if not cell.pretrained]
+        if fn is not None and control and not math.isnan(control[0]):   # what to beat
             ax.axhline(control[0], color="tab:red", linestyle="--", linewidth=1)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(labels)))

@@ -138,12 +138,7 @@ def twin_pretraining(out_dir: str, grid: Grid, seed: int, model_dir: str,
                      config_str: str) -> Optional[str]:
     """A finished pretraining of another grid under `out_dir` (same scale and seed) that
     ran this configuration, its directory aside: T5 Tables 5-7 share Table 2's baseline."""
-    pattern = os.path.join(out_dir, "*", grid.scale.name, "*", f"seed{seed}", "pretrain")
-    for other in sorted(glob.glob(pattern)):
-        if (os.path.abspath(other) != os.path.abspath(model_dir)
-                and _finished_as(other, config_str, upstream="")):
-            return other
-    return None
+    return _finished_elsewhere(out_dir, grid, seed, "pretrain", model_dir, config_str, "")
 
 
 def twin_finetuning(pretrain_twin: str, task: str, config_str: str, tail: str
@@ -160,7 +155,15 @@ def twin_control(out_dir: str, grid: Grid, seed: int, task: str, model_dir: str,
     """A finished fine-tuning from random initialisation on `task` in any grid under
     `out_dir` (same scale and seed) that ran this configuration: T5 Tables 5-7's control
     rows are one run."""
-    pattern = os.path.join(out_dir, "*", grid.scale.name, "*", f"seed{seed}", "finetune", task)
+    return _finished_elsewhere(out_dir, grid, seed, os.path.join("finetune", task),
+                               model_dir, config_str, upstream)
+
+
+def _finished_elsewhere(out_dir: str, grid: Grid, seed: int, stage: str, model_dir: str,
+                        config_str: str, upstream: str) -> Optional[str]:
+    """The first `<out>/<any grid>/<scale>/<any cell>/seed<k>/<stage>` other than
+    `model_dir` that finished a run of `config_str` from `upstream`."""
+    pattern = os.path.join(out_dir, "*", grid.scale.name, "*", f"seed{seed}", stage)
     for other in sorted(glob.glob(pattern)):
         if (os.path.abspath(other) != os.path.abspath(model_dir)
                 and _finished_as(other, config_str, upstream)):
@@ -363,9 +366,9 @@ def initial_checkpoint(cell: Cell, pre_dir: str) -> str:
         kept = sorted(int(d) for d in os.listdir(steps_dir) if d.isdigit()) \
             if os.path.isdir(steps_dir) else []
         raise ConfigError(f"cell {cell.label!r} fine-tunes from pretraining step "
-                         f"{cell.from_step}, but {pre_dir} kept checkpoints {kept}: make the "
-                         "scale's TrainConfig.checkpoint_every divide it and keep_checkpoints "
-                         "hold it")
+                          f"{cell.from_step}, but {pre_dir} kept checkpoints {kept}: make the "
+                          "scale's TrainConfig.checkpoint_every divide it and keep_checkpoints "
+                          "hold it")
     return step_dir
 
 
