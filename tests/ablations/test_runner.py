@@ -316,3 +316,14 @@ def test_the_control_margin_is_against_twice_the_pooled_seed_sd():
     assert "**+10.00**" in line and "sd 2.94 over 3 rows" in line and "**met**" in line
     results["base"] = [res(0, 74.0), res(1, 76.0), res(2, 78.0)]
     assert "**not met**" in report.control_margins(grid, results)[0]
+
+
+def test_the_checkpoint_curve_scores_each_kept_step_against_the_unigram_floor(ran):
+    from t2t.ablations import checkpoint_curve
+    grid, out, _ = ran
+    pre_dir = runner.pretrain_dir(out, grid, grid.cells[0], 0)
+    (row,) = checkpoint_curve.run_curve(pre_dir, batches=2)
+    assert row["step"] == 2 and row["heldout_batches"] == 2
+    # the sentinels and EOS are the frequent, easy targets: for the floor and the model alike
+    assert row["content_unigram_loss"] > row["unigram_loss"]
+    assert row["content_loss"] > row["loss"]
