@@ -24,3 +24,18 @@ def test_the_table_reads_how_far_content_tokens_sit_below_their_floor():
              "content_loss": 7.054, "content_unigram_loss": 7.662}]
     assert checkpoint_curve.table(rows).splitlines()[-1] == \
         "| r | 500 | 3.700 | 5.786 | 7.054 | 7.662 | 0.608 |"
+    rows[0].update(probe_accuracy=33.5, mean_cosine=0.9131)
+    assert checkpoint_curve.table(rows).splitlines()[-1].endswith("| 0.608 | 33.5 | 0.913 |")
+
+
+def test_nearest_centroid_reads_class_structure_and_cosine_reads_collapse():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(3, 16)) * 5
+    y = np.repeat(np.arange(3), 20)
+    x = centres[y] + rng.normal(size=(60, 16))
+    assert checkpoint_curve.nearest_centroid_accuracy(x[::2], y[::2], x[1::2], y[1::2]) == 100.0
+    wrong = (y[1::2] + 1) % 3
+    assert checkpoint_curve.nearest_centroid_accuracy(x[::2], y[::2], x[1::2], wrong) == 0.0
+    same = np.tile(rng.normal(size=(1, 16)), (5, 1))
+    assert abs(checkpoint_curve.mean_pairwise_cosine(same) - 1.0) < 1e-9
+    assert abs(checkpoint_curve.mean_pairwise_cosine(np.eye(4))) < 1e-12

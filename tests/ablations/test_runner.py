@@ -318,12 +318,22 @@ def test_the_control_margin_is_against_twice_the_pooled_seed_sd():
     assert "**not met**" in report.control_margins(grid, results)[0]
 
 
+
 def test_the_checkpoint_curve_scores_each_kept_step_against_the_unigram_floor(ran):
+    import math
+
     from t2t.ablations import checkpoint_curve
     grid, out, _ = ran
     pre_dir = runner.pretrain_dir(out, grid, grid.cells[0], 0)
-    (row,) = checkpoint_curve.run_curve(pre_dir, batches=2)
-    assert row["step"] == 2 and row["heldout_batches"] == 2
+    init, last = checkpoint_curve.run_curve(pre_dir, batches=2,
+                                            probe_task="bible_paraphrase_kjv_web")
+    assert (init["step"], last["step"]) == (0, 2) and last["heldout_batches"] == 2
+    # the initialisation knows nothing (no better than uniform over the 8,192 ids, worse
+    # than the floor); two steps already learn the frequent targets
+    assert init["loss"] > math.log(8192) - 0.1 and init["loss"] > init["unigram_loss"]
+    assert last["loss"] < init["loss"]
     # the sentinels and EOS are the frequent, easy targets: for the floor and the model alike
-    assert row["content_unigram_loss"] > row["unigram_loss"]
-    assert row["content_loss"] > row["loss"]
+    assert last["content_unigram_loss"] > last["unigram_loss"]
+    assert last["content_loss"] > last["loss"]
+    # the frozen encoder probe: the paraphrase task's two labels, scored on its examples
+    assert 0.0 <= last["probe_accuracy"] <= 100.0 and -1.0 <= last["mean_cosine"] <= 1.0
