@@ -233,7 +233,7 @@ def compute_table(grid: Grid, results: Results) -> str:
             lines.append(f"| {cell.label} | 0 |" + " – |" * (len(header) - 2))
             continue
         mean = lambda fn: statistics.fmean(fn(r) for r in found)  # noqa: E731
-        ft = lambda r, k: sum(s.get(k, 0) for s in r["finetune"].values())  # noqa: E731
+        ft = lambda r, k: sum(s.get(k, 0) for s in finetunings(grid, r))  # noqa: E731
         params = found[0]["pretrain"].get("params")
         lines.append("| " + " | ".join([
             cell.label, str(len(found)), "–" if params is None else f"{params:,}",
@@ -245,8 +245,8 @@ def compute_table(grid: Grid, results: Results) -> str:
             f"{mean(lambda r: ft(r, 'steps')):.0f}",
             _human(mean(lambda r: ft(r, "flops"))),
             f"{mean(lambda r: ft(r, 'wall_s') + ft(r, 'eval_s')):.0f} s"
-            + _copied([s for r in found for s in r["finetune"].values()]),
-            _cpu(found)]) + " |")
+            + _copied([s for r in found for s in finetunings(grid, r)]),
+            _cpu(grid, found)]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -260,12 +260,19 @@ def pretraining_used(result: Mapping[str, Any], key: str) -> float:
     return pre[key] * step / pre["steps"]
 
 
-def _cpu(found: Sequence[Mapping[str, Any]]) -> str:
+def finetunings(grid, result: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    """The result's fine-tuning stages on the scale's tasks (a result finished before a task
+    left the scale still holds that task's stage, which the table does not show)."""
+    return [result["finetune"][task] for task, _ in grid.scale.tasks
+            if task in result["finetune"]]
+
+
+def _cpu(grid, found: Sequence[Mapping[str, Any]]) -> str:
     """Mean CPU seconds of a cell: pretraining, its held-out scores, every fine-tuning and
-    scoring; '–' for results from before the runner recorded them."""
+    scoring on the scale's tasks; '–' for results from before the runner recorded them."""
     def total(r):
         pre = r["pretrain"]
-        parts = [pre.get("cpu_s")] + [s.get("cpu_s") for s in r["finetune"].values()]
+        parts = [pre.get("cpu_s")] + [s.get("cpu_s") for s in finetunings(grid, r)]
         parts += [pre[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in pre]
         return None if None in parts else sum(parts)
     totals = [total(r) for r in found]

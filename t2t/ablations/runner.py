@@ -141,13 +141,18 @@ def twin_pretraining(out_dir: str, grid: Grid, seed: int, model_dir: str,
     return _finished_elsewhere(out_dir, grid, seed, "pretrain", model_dir, config_str, "")
 
 
-def twin_finetuning(pretrain_twin: str, task: str, config_str: str, tail: str
-                    ) -> Optional[str]:
-    """The fine-tuning on `task` that followed the pretraining we copied, if it ran this
-    configuration (`tail`: the split and eval size of our fingerprint)."""
-    other = os.path.join(os.path.dirname(pretrain_twin), "finetune", task)
+def twin_finetuning(out_dir: str, grid: Grid, seed: int, task: str, model_dir: str,
+                    pretrain_twin: str, config_str: str, tail: str) -> Optional[str]:
+    """A finished fine-tuning on `task` from the pretraining ours was copied from
+    (`pretrain_twin`), if it ran this configuration (`tail`: the split and eval size of our
+    fingerprint): beside that pretraining or in any cell under `out_dir` (a learning curve's
+    rows share one pretraining, and its last row's fine-tuning sits in its own cell)."""
     upstream = f"{_read_text(os.path.join(pretrain_twin, 'config.sha256'))} {tail}"
-    return other if _finished_as(other, config_str, upstream) else None
+    beside = os.path.join(os.path.dirname(pretrain_twin), "finetune", task)
+    if _finished_as(beside, config_str, upstream):
+        return beside
+    return _finished_elsewhere(out_dir, grid, seed, os.path.join("finetune", task), model_dir,
+                               config_str, upstream)
 
 
 def twin_control(out_dir: str, grid: Grid, seed: int, task: str, model_dir: str,
@@ -328,7 +333,8 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage
-    twin = pretrain_twin and twin_finetuning(pretrain_twin, task, config_str, tail)
+    twin = pretrain_twin and out_dir and twin_finetuning(out_dir, grid, seed, task, model_dir,
+                                                         pretrain_twin, config_str, tail)
     if not twin and pretrained_dir is None and out_dir:
         twin = twin_control(out_dir, grid, seed, task, model_dir, config_str,
                             f"{pretrained_sha} {tail}")
