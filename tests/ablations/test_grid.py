@@ -87,13 +87,17 @@ def test_every_papers_table_ends_with_its_baselines_random_init_control(path):
 
 def test_the_learning_curve_fine_tunes_from_checkpoints_its_pretraining_keeps():
     grid = grid_lib.load_grid(CURVE, "micro")
-    assert [c.from_step for c in grid.cells] == [0, 125, 250, None]
+    assert [c.from_step for c in grid.cells] == [0, 125, 250, None, 1000, None]
     lines = " ".join(grid.scale.pretrain)
     assert "TRAIN_STEPS = %T5_MICRO_PRETRAIN_STEPS" in lines
     assert "TrainConfig.checkpoint_every = 125" in lines and "keep_checkpoints = 4" in lines
     table2 = grid_lib.load_grid("configs/ablations/t5_table2.gin", "micro")
     baseline = next(c for c in table2.cells if c.label == "Denoising / Encoder-decoder")
-    assert grid.cells[-1].pretrain == baseline.pretrain     # its last row is Table 2's cell
+    assert grid.cells[3].pretrain == baseline.pretrain      # its 500-step row is Table 2's cell
+    # past the budget: one 2,000-step pretraining (checkpoints every 500) serves both rows
+    past = grid.cells[4:]
+    assert past[0].pretrain == past[1].pretrain != baseline.pretrain
+    assert past[0].pretrain[:2] == ("TRAIN_STEPS = 2000", "TrainConfig.checkpoint_every = 500")
 
 
 def test_t5_table2_has_the_papers_ten_rows():
