@@ -72,10 +72,11 @@ def mean_pairwise_cosine(x: np.ndarray) -> float:
 
 
 class FeatureProbe:
-    """A classification task's train and validation examples, one per row (unpacked), with
-    labels = their target sequences; `score(params)` -> {probe_accuracy, mean_cosine}."""
+    """A classification task's train and validation examples (the first `max_examples` of
+    each split; None: all), one per row (unpacked), with labels = their target sequences;
+    `score(params)` -> {probe_accuracy, mean_cosine}."""
 
-    def __init__(self, exp, task_name: str):
+    def __init__(self, exp, task_name: str, max_examples: Optional[int] = None):
         import jax
         import jax.numpy as jnp
 
@@ -87,11 +88,14 @@ class FeatureProbe:
         converter = type(exp.converter)(exp.converter.lengths, pack=False)
         self.splits = {}
         for split in ("train", "validation"):
-            batches = list(task.get_pipeline(converter, 50, 0, split=split, shuffle=False,
-                                             num_epochs=1))
+            batches = task.get_pipeline(converter, 50, 0, split=split, shuffle=False,
+                                        num_epochs=1)
+            if max_examples is not None:
+                batches = itertools.islice(batches, -(-max_examples // 50))
+            batches = list(batches)
             tokens = np.concatenate([b["encoder_input_tokens"] for b in batches])
             targets = np.concatenate([b["decoder_target_tokens"] for b in batches])
-            self.splits[split] = (tokens, targets)
+            self.splits[split] = (tokens[:max_examples], targets[:max_examples])
         known = np.concatenate([t for _, t in self.splits.values()])
         _, labels = np.unique(known, axis=0, return_inverse=True)   # a label per target
         n_train = len(self.splits["train"][1])
@@ -118,11 +122,11 @@ class FeatureProbe:
                 "mean_cosine": mean_pairwise_cosine(val[:SIMILARITY_EXAMPLES])}
 
 
-def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None
-              ) -> List[Dict[str, Any]]:
+def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
+              probe_examples: Optional[int] = None) -> List[Dict[str, Any]]:
     """A row per step (0 = initialisation, then each kept checkpoint of `model_dir`): loss,
     unigram_loss, content_loss, content_unigram_loss (nats per target) and, with
-    `probe_task`, probe_accuracy and mean_cosine."""
+    `probe_task`, probe_accuracy and mean_cosine (on `probe_examples` of each split)."""
     import gin
 
     from t2t.data import tasks as tasks_lib
@@ -146,7 +150,7 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None
     content = [content_only(b, exp.eval_task.vocabulary) for b in heldout]
     floor = unigram.unigram_loss(counts, heldout)
     content_floor = unigram.unigram_loss(counts, content)
-    probe = FeatureProbe(exp, probe_task) if probe_task else None
+    probe = FeatureProbe(exp, probe_task, probe_examples) if probe_task else None
     target = exp.trainer.abstract_init(heldout[0]).params   # also sets the shardings
     with Checkpointer(finetune.checkpoint_dir(model_dir), async_save=False) as ckpt:
         steps = ckpt.all_steps()
@@ -192,10 +196,13 @@ def main(argv=None) -> int:
                         help="held-out batches scored per checkpoint (default 100)")
     parser.add_argument("--probe_task", help="a classification task whose classes the frozen "
                         "encoder features should separate, e.g. micro_bbc_topic_200")
+    parser.add_argument("--probe_examples", type=int,
+                        help="probe on the first N examples of each split (default: all)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     try:
-        rows = [r for d in args.model_dirs for r in run_curve(d, args.batches, args.probe_task)]
+        rows = [r for d in args.model_dirs
+                for r in run_curve(d, args.batches, args.probe_task, args.probe_examples)]
     except ConfigError as e:
         parser.exit(2, f"error: {e}\n")
     print(table(rows), end="")
