@@ -36,7 +36,6 @@ import numpy as np
 from t2t.errors import ConfigError
 from t2t.evaluation import unigram
 
-UNIGRAM_TRAIN_BATCHES = 200
 SIMILARITY_EXAMPLES = 300
 
 
@@ -145,8 +144,7 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
         gin.clear_config()
     exp.eval_task = tasks_lib.get_task(f"{exp.task.name}_validation")
     heldout = list(itertools.islice(exp.eval_data(), batches))
-    counts = unigram.count_targets(exp.data(), exp.trainer.model.config.vocab_size,
-                                   UNIGRAM_TRAIN_BATCHES)
+    counts = unigram.training_counts(exp)
     content = [content_only(b, exp.eval_task.vocabulary) for b in heldout]
     floor = unigram.unigram_loss(counts, heldout)
     content_floor = unigram.unigram_loss(counts, content)

@@ -145,12 +145,10 @@ def twin_finetuning(out_dir: str, grid: Grid, seed: int, task: str, model_dir: s
                     pretrain_twin: str, config_str: str, tail: str) -> Optional[str]:
     """A finished fine-tuning on `task` from the pretraining ours was copied from
     (`pretrain_twin`), if it ran this configuration (`tail`: the split and eval size of our
-    fingerprint): beside that pretraining or in any cell under `out_dir` (a learning curve's
-    rows share one pretraining, and its last row's fine-tuning sits in its own cell)."""
+    fingerprint), in any cell under `out_dir`: beside that pretraining, or elsewhere (a
+    learning curve's rows share one pretraining, and its last row's fine-tuning sits in its
+    own cell)."""
     upstream = f"{_read_text(os.path.join(pretrain_twin, 'config.sha256'))} {tail}"
-    beside = os.path.join(os.path.dirname(pretrain_twin), "finetune", task)
-    if _finished_as(beside, config_str, upstream):
-        return beside
     return _finished_elsewhere(out_dir, grid, seed, os.path.join("finetune", task), model_dir,
                                config_str, upstream)
 
@@ -267,16 +265,12 @@ def _score_heldout(grid: Grid, exp, params) -> Dict[str, Any]:
             "cpu_s": round(time.process_time() - cpu, 1)}
 
 
-UNIGRAM_TRAIN_BATCHES = 200
-
-
 def _unigram_baseline(exp) -> Dict[str, Any]:
     """The held-out task scored by the training targets' frequencies alone
     (`t2t.evaluation.unigram`; `exp.eval_task` is the held-out task): the floor a held-out
     perplexity is read against."""
     from t2t.evaluation import unigram
-    counts = unigram.count_targets(exp.data(), exp.trainer.model.config.vocab_size,
-                                   UNIGRAM_TRAIN_BATCHES)
+    counts = unigram.training_counts(exp)
     return {"loss": unigram.unigram_loss(counts, exp.eval_data()),
             "train_targets": int(counts.sum())}
 

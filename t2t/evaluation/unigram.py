@@ -19,6 +19,8 @@ import numpy as np
 # (target ids, their weights) per batch format
 TARGET_KEYS = (("masked_ids", "masked_weights"),
                ("decoder_target_tokens", "decoder_loss_weights"))
+# training batches whose targets set an experiment's floor (`training_counts`)
+TRAIN_BATCHES = 200
 
 
 def targets(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -37,6 +39,12 @@ def count_targets(batches: Iterable[Mapping[str, np.ndarray]], vocab_size: int,
         ids, weights = targets(batch)
         np.add.at(counts, ids, weights)
     return counts
+
+
+def training_counts(exp) -> np.ndarray:
+    """Counts [vocab_size] of the targets in the first TRAIN_BATCHES training batches of
+    `exp` (a `t2t.run.experiment.Experiment`)."""
+    return count_targets(exp.data(), exp.trainer.model.config.vocab_size, TRAIN_BATCHES)
 
 
 def unigram_loss(counts: np.ndarray, batches: Iterable[Mapping[str, np.ndarray]]) -> float:

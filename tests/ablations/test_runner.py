@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from t2t.ablations import grid as grid_lib, report, runner
+from t2t.evaluation import unigram
 from t2t.cli import main
 
 FAST = ["'TrainConfig.log_every = 1'", "'TrainConfig.progress_bar = False'",
@@ -237,7 +238,7 @@ def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tm
     out = tmp_path / "runs"
     grid = grid_lib.load_grid(str(path), "tiny")
     cell = grid.cells[0]
-    monkeypatch.setattr(runner, "UNIGRAM_TRAIN_BATCHES", 4)
+    monkeypatch.setattr(unigram, "TRAIN_BATCHES", 4)
     pre, _ = runner.pretrain(grid, cell, 0, runner.pretrain_dir(str(out), grid, cell, 0))
     early, final = pre["heldout_early"], pre["heldout"]
     # the floor: the held-out targets scored by 4 training batches' target frequencies
@@ -336,7 +337,7 @@ def test_the_checkpoint_curve_scores_each_kept_step_against_the_unigram_floor(ra
     from t2t.ablations import checkpoint_curve
     grid, out, _ = ran
     pre_dir = runner.pretrain_dir(out, grid, grid.cells[0], 0)
-    monkeypatch.setattr(checkpoint_curve, "UNIGRAM_TRAIN_BATCHES", 8)
+    monkeypatch.setattr(unigram, "TRAIN_BATCHES", 8)
     init, last = checkpoint_curve.run_curve(pre_dir, batches=2, probe_examples=60,
                                             probe_task="bible_paraphrase_kjv_web")
     assert (init["step"], last["step"]) == (0, 2) and last["heldout_batches"] == 2
