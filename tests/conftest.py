@@ -1,21 +1,19 @@
-"""Test setup: 8 fake CPU devices and a persistent compilation cache.
+"""Test setup: 8 fake CPU devices and a persistent compilation cache (`tests/jax_setup.py`).
 
 Both must be set before JAX initialises its backends, so this runs at import.
 """
 import os
 
+from tests.jax_setup import CACHE_SETTINGS, xla_flags
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags(8)}".strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 
-jax.config.update("jax_compilation_cache_dir",
-                  os.environ.get("T2T_JAX_CACHE", os.path.expanduser("~/.cache/t2t/jax_cache")))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+for _name, _value in CACHE_SETTINGS.items():
+    jax.config.update(_name, _value)
 
 import gin  # noqa: E402
 import pytest  # noqa: E402

@@ -1,11 +1,12 @@
 """The built wheel works outside the checkout: its gin configs ship inside the package, so an
 installed (not editable) t2t counts parameters and trains 3 steps from another directory,
 with only the core dependencies (the extras' packages cannot be imported there)."""
-import os
 import pathlib
 import subprocess
 import sys
 import zipfile
+
+from tests.jax_setup import cpu_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The extras' packages (eval, tfds, plots, peers): a core-only install has none of them.
@@ -34,8 +35,7 @@ def test_wheel_installs_and_runs_from_another_directory(tmp_path):
     (site / "sitecustomize.py").write_text(CORE_ONLY)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-           "JAX_COMPILATION_CACHE_DIR": os.path.expanduser("~/.cache/t2t/jax_cache")}
+    env = cpu_env(PYTHONPATH=str(site))
 
     def t2t(*args):
         return subprocess.run([sys.executable, "-m", "t2t.cli", *args], cwd=work, env=env,

@@ -3,9 +3,10 @@ interrupt tests' launcher.
 
 SIGNAL_AFTER=k and SIGNAL=NAME send NAME once k steps have finished; WAIT_FOR_CHECKPOINT=s
 first waits until the (async) checkpoint of step s has been committed."""
-import os
 import subprocess
 import sys
+
+from tests.jax_setup import cpu_env
 
 LAUNCHER = """
 import os, signal, sys, time
@@ -35,8 +36,6 @@ sys.exit(main(sys.argv[1:]))
 
 def run_t2t(argv, **env) -> subprocess.CompletedProcess:
     """`t2t *argv` on the CPU with the tests' compilation cache; `env` as described above."""
-    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-                "JAX_COMPILATION_CACHE_DIR": os.path.expanduser("~/.cache/t2t/jax_cache"),
-                **{k: str(v) for k, v in env.items()}}
+    full_env = cpu_env(**{k: str(v) for k, v in env.items()})
     return subprocess.run([sys.executable, "-c", LAUNCHER, *argv], env=full_env,
                           capture_output=True, text=True, timeout=600)

@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import portpicker
 
+from tests.jax_setup import cpu_env
+
 ARGS = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
         "--gin.TRAIN_STEPS=4", "--gin.BATCH_SIZE=8",
         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
@@ -46,12 +48,6 @@ trainer.fit(exp.trainer, BothProcesses())
 """
 
 
-def _env(devices):
-    return {**os.environ, "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-            "JAX_COMPILATION_CACHE_DIR": os.path.expanduser("~/.cache/t2t/jax_cache")}
-
-
 def _losses(model_dir):
     out = {}
     for line in open(os.path.join(model_dir, "metrics.jsonl")):
@@ -67,14 +63,14 @@ def test_two_processes_match_one(tmp_path):
     procs = [subprocess.Popen(
         [sys.executable, "-m", "t2t.cli", "train", *ARGS, f"--gin.MODEL_DIR={multi}",
          f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
-        env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=cpu_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
 
     ref = subprocess.run([sys.executable, "-c", REFERENCE, *ARGS, f"--gin.MODEL_DIR={single}"],
-                         env=_env(8), capture_output=True, text=True, timeout=600)
+                         env=cpu_env(8), capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     got, want = _losses(multi), _losses(single)
