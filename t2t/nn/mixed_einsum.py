@@ -51,15 +51,24 @@ def _explicit(spec: str, a_ndim: int, b_ndim: int) -> tuple[str, str, str]:
     return fill(a, a_ndim), fill(b, b_ndim), out.replace("...", ell)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _mixed(spec: str, dtype, a_dtype, b_dtype, a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
-
-
-def _mixed_fwd(spec, dtype, a_dtype, b_dtype, a, b):
+def _forward(spec: str, dtype, laid_out: bool, a: jax.Array, b: jax.Array) -> jax.Array:
+    """The float32 product of the `dtype` operands: jnp.einsum's, or with `laid_out` the
+    explicit layout of `_product` (for specs whose einsum XLA:CPU cannot run in bf16)."""
     a_low, b_low = a.astype(dtype), b.astype(dtype)
-    out = jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
-    return out, (a_low, b_low)       # what autodiff would keep: the low-precision operands
+    if laid_out:
+        return _product(*_explicit(spec, a.ndim, b.ndim), a_low, b_low)
+    return jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _mixed(spec: str, dtype, a_dtype, b_dtype, laid_out: bool, a: jax.Array,
+           b: jax.Array) -> jax.Array:
+    return _forward(spec, dtype, laid_out, a, b)
+
+
+def _mixed_fwd(spec, dtype, a_dtype, b_dtype, laid_out, a, b):
+    # what autodiff would keep: the low-precision operands
+    return _forward(spec, dtype, laid_out, a, b), (a.astype(dtype), b.astype(dtype))
 
 
 def _layouts(sx: str, sy: str, sz: str):
@@ -122,7 +131,7 @@ def _product(sx: str, sy: str, sz: str, x: jax.Array, y: jax.Array) -> jax.Array
     return jnp.transpose(z, [order.index(c) for c in sz])
 
 
-def _mixed_bwd(spec, dtype, a_dtype, b_dtype, res, g):
+def _mixed_bwd(spec, dtype, a_dtype, b_dtype, laid_out, res, g):
     a_low, b_low = res
     sa, sb, sc = _explicit(spec, a_low.ndim, b_low.ndim)
     g = g.astype(dtype)
@@ -143,14 +152,17 @@ def _check(spec: str, a: jax.Array, b: jax.Array) -> None:
                              "one summed over that operand alone")
 
 
-def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+def einsum(spec: str, a: jax.Array, b: jax.Array, dtype, laid_out: bool = False) -> jax.Array:
     """einsum(spec, a, b) with `dtype` operands and a float32 result.
 
     Under a float32 `dtype` this is the plain product (autodiff's backward); under
-    bf16/float16 the backward products take `dtype` operands too (module docstring).
+    bf16/float16 the backward products take `dtype` operands too (module docstring), and
+    `laid_out` lays the forward product out as the backward ones: for a spec whose output
+    no single dot gives in order (e.g. 'bqhd,hdl->bhql', a batch index in the second place),
+    which XLA:CPU's plain bf16 einsum fails to run.
     """
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
                           preferred_element_type=jnp.float32)
     _check(spec, a, b)
-    return _mixed(spec, jnp.dtype(dtype), a.dtype, b.dtype, a, b)
+    return _mixed(spec, jnp.dtype(dtype), a.dtype, b.dtype, laid_out, a, b)

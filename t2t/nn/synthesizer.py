@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from t2t.errors import ConfigError, UserError
 from t2t.nn.config import TransformerConfig
+from t2t.nn import mixed_einsum
 from t2t.nn.dense import Dense, kernel_init
 
 
@@ -80,8 +81,8 @@ class SyntheticLogits(nn.Module):
                 (cfg.num_heads, cfg.head_dim, length), pdtype)        # each head's own W2
             b2 = self.param("dense_2_bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, ("heads", None)), (cfg.num_heads, length), pdtype)
-            logits = jnp.einsum("bqhd,hdl->bhql", jax.nn.relu(hidden), w2[:, :, :k_len].astype(
-                dtype), preferred_element_type=jnp.float32)          # [b, h, q, k]
+            logits = mixed_einsum.einsum("bqhd,hdl->bhql", jax.nn.relu(hidden),
+                                         w2[:, :, :k_len], dtype, laid_out=True)  # [b,h,q,k]
             return (logits + b2[:, None, :k_len].astype(jnp.float32)).astype(dtype)
         table = self._table(kind, length)                          # [h, ℓ, ℓ] rows, cols
         rows = jax.lax.dynamic_slice_in_dim(table[0], q_start, q_len, axis=1)   # [h, q, ·]

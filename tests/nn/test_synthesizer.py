@@ -108,3 +108,26 @@ def test_flops_drop_the_dot_product_where_the_variant_has_none():
     assert plus == base
     dense = forward_flops_breakdown(T5_TINY.replace(synthesizer="dense"), "t5", **lengths)
     assert dense["dense"] - random["dense"] == layers * 2 * d * a * (8 + 4)
+
+
+@pytest.mark.parametrize("variant", ["dense", "dense_plus_alpha"])
+def test_bfloat16_gradients_run_and_track_float32(variant):
+    """The dense synthesizer's per-head 'bqhd,hdl->bhql' is a product XLA:CPU cannot run as
+    a plain bf16 einsum ("Unsupported element type for DotThunk"); laid out, it runs, and
+    its gradients stay within bf16 rounding of float32's."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, T5_TINY.d_model))
+    mask = causal_mask(6)
+    grads = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = T5_TINY.replace(synthesizer=variant, synthesizer_length=LENGTH, dtype=dtype)
+        attn = MultiHeadAttention(cfg, synthetic=True)
+        params = grads.get("params") or init(attn, x, x, mask, None)
+        grads["params"] = params
+
+        def loss(p, attn=attn):
+            return jnp.sum(attn.apply({"params": p}, x, x, mask, None).astype(jnp.float32) ** 2)
+        grads[dtype] = jax.jit(jax.grad(loss))(params)
+    for want, got in zip(jax.tree.leaves(grads["float32"]), jax.tree.leaves(grads["bfloat16"])):
+        assert got.dtype == jnp.float32
+        scale = float(jnp.abs(want).max()) + 1e-6
+        assert float(jnp.abs(got - want).max()) / scale < 0.05
