@@ -32,6 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.nn import mixed_einsum
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import kernel_init
 from t2t.nn.mlp import get_activation
@@ -156,8 +157,7 @@ class ExpertDense(nn.Module):
         kernel = self.param("kernel", nn.with_logical_partitioning(
             _expert_init(cfg), self.kernel_axes),
             (x.shape[0], x.shape[-1], self.features), cfg.params_dtype)
-        y = jnp.einsum("egci,eio->egco", x, kernel.astype(cfg.compute_dtype),
-                       preferred_element_type=jnp.float32)
+        y = mixed_einsum.einsum("egci,eio->egco", x, kernel, cfg.compute_dtype, laid_out=True)
         if cfg.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, (self.kernel_axes[0], self.kernel_axes[2])),
@@ -193,8 +193,8 @@ class MoeBlock(nn.Module):
 
         dt = cfg.compute_dtype
         dispatched_axes = ("expert", "expert_group", "length", "embed")
-        h = jnp.einsum("gsec,gsm->egcm", r.dispatch.astype(dt), x.astype(dt),
-                       preferred_element_type=jnp.float32).astype(dt)   # all-to-all
+        h = mixed_einsum.einsum("gsec,gsm->egcm", r.dispatch, x, dt,
+                                laid_out=True).astype(dt)              # all-to-all
         h = nn.with_logical_constraint(h, dispatched_axes)            # [e, g, c, embed]
         acts = cfg.mlp_activations
         hidden = None
@@ -208,8 +208,8 @@ class MoeBlock(nn.Module):
         hidden = nn.Dropout(cfg.mlp_dropout_rate)(hidden, deterministic=self.deterministic)
         out = ExpertDense(cfg, x.shape[-1], ("expert", "mlp", "embed"), name="wo")(hidden)
         out = nn.with_logical_constraint(out, dispatched_axes)        # [e, g, c, embed]
-        y = jnp.einsum("gsec,egcm->gsm", r.combine.astype(dt), out,
-                       preferred_element_type=jnp.float32).astype(dt)  # all-to-all back
+        y = mixed_einsum.einsum("gsec,egcm->gsm", r.combine, out, dt,
+                                laid_out=True).astype(dt)              # all-to-all back
         return nn.with_logical_constraint(y, ("batch", "length", "embed"))
 
 
