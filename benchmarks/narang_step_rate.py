@@ -33,11 +33,12 @@ class CellStep:
     def __init__(self, grid, cell, model_dir: str, steps: int):
         import gin
 
+        import jax
+
         from t2t.ablations import runner
         from t2t.run import experiment as experiment_lib
         from t2t.run import gin_utils
-        from t2t.train import flops as flops_lib
-        from t2t.train.trainer import batch_geometry
+        from t2t.train.trainer import step_cost
 
         files, bindings = runner.stage_config(grid, grid.scale.pretrain + cell.pretrain)
         gin.clear_config()
@@ -49,13 +50,8 @@ class CellStep:
         self.trainer, self.steps = exp.trainer, steps
         self.batch = next(iter(exp.data()))
         self.state = self.trainer.init_state(self.batch)
-        family = self.trainer.model.family
-        geometry = batch_geometry(family, self.batch)
-        rows = next(iter(self.batch.values())).shape[0]
-        self.params = sum(x.size for x in _leaves(self.state.params))
-        self.tokens_per_step = rows * sum(v for k, v in geometry.items() if k != "num_masked")
-        self.flops_per_step = flops_lib.step_flops(self.trainer.model.config, family, rows,
-                                                   **geometry)
+        self.params = sum(x.size for x in jax.tree_util.tree_leaves(self.state.params))
+        _, self.flops_per_step, self.tokens_per_step = step_cost(self.trainer.model, self.batch)
         self()                            # compiles: a cell that cannot train fails here
 
     def __call__(self) -> None:
@@ -65,15 +61,10 @@ class CellStep:
         jax.block_until_ready(metrics["loss"])
 
 
-def _leaves(tree):
-    import jax
-    return jax.tree_util.tree_leaves(tree)
-
-
 def table(grid, cells, built, times, steps: int) -> str:
     """Markdown: a row per cell, steps/s from the median timed call."""
     rate = {k: steps / _common.median(t) for k, t in times.items()}
-    paper_vanilla = grid.paper[cells[VANILLA].label][2] if VANILLA in cells else None
+    paper_vanilla = grid.paper[cells[VANILLA].label][2]
     rows = []
     for key, step in built.items():
         label = cells[key].label
@@ -82,7 +73,7 @@ def table(grid, cells, built, times, steps: int) -> str:
             label, f"{step.params:,}", f"{step.flops_per_step / step.tokens_per_step / 1e6:.1f}",
             f"{rate[key]:.2f}",
             f"{rate[key] / rate[VANILLA]:.2f}" if VANILLA in rate else "–",
-            f"{paper_rate / paper_vanilla:.2f}" if paper_vanilla else "–"])
+            f"{paper_rate / paper_vanilla:.2f}"])
     return _common.markdown_table(
         ["Model", "params", "training MFLOPs / token", "steps/s", "steps/s ÷ vanilla",
          "paper: steps/s ÷ vanilla"], rows)

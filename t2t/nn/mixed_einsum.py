@@ -51,24 +51,23 @@ def _explicit(spec: str, a_ndim: int, b_ndim: int) -> tuple[str, str, str]:
     return fill(a, a_ndim), fill(b, b_ndim), out.replace("...", ell)
 
 
-def _forward(spec: str, dtype, laid_out: bool, a: jax.Array, b: jax.Array) -> jax.Array:
-    """The float32 product of the `dtype` operands: jnp.einsum's, or with `laid_out` the
+def _forward(spec: str, dtype, laid_out: bool, a: jax.Array, b: jax.Array):
+    """(float32 product, its `dtype` operands): jnp.einsum's product, or with `laid_out` the
     explicit layout of `_product` (for specs whose einsum XLA:CPU cannot run in bf16)."""
     a_low, b_low = a.astype(dtype), b.astype(dtype)
     if laid_out:
-        return _product(*_explicit(spec, a.ndim, b.ndim), a_low, b_low)
-    return jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
+        return _product(*_explicit(spec, a.ndim, b.ndim), a_low, b_low), (a_low, b_low)
+    return jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32), (a_low, b_low)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
 def _mixed(spec: str, dtype, a_dtype, b_dtype, laid_out: bool, a: jax.Array,
            b: jax.Array) -> jax.Array:
-    return _forward(spec, dtype, laid_out, a, b)
+    return _forward(spec, dtype, laid_out, a, b)[0]
 
 
 def _mixed_fwd(spec, dtype, a_dtype, b_dtype, laid_out, a, b):
-    # what autodiff would keep: the low-precision operands
-    return _forward(spec, dtype, laid_out, a, b), (a.astype(dtype), b.astype(dtype))
+    return _forward(spec, dtype, laid_out, a, b)   # residuals: what autodiff would keep
 
 
 def _layouts(sx: str, sy: str, sz: str):

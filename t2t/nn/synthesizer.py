@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from t2t.errors import ConfigError, UserError
-from t2t.nn.config import TransformerConfig
 from t2t.nn import mixed_einsum
+from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 
 

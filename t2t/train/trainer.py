@@ -11,7 +11,7 @@ import logging
 import math
 import signal
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import flax
 import flax.linen as nn
@@ -284,6 +284,16 @@ class TrainResult:
     geometry: Optional[Dict[str, int]] = None  # the row lengths the FLOPs were counted for
 
 
+def step_cost(model, example: Dict[str, np.ndarray]) -> Tuple[Dict[str, int], float, int]:
+    """(row geometry, model FLOPs, tokens with padding) of one global training step whose
+    process-local rows are `example`."""
+    geometry = batch_geometry(model.family, example)
+    global_rows = example[next(iter(example))].shape[0] * jax.process_count()
+    flops = flops_lib.step_flops(model.config, model.family, global_rows, **geometry)
+    return geometry, flops, global_rows * sum(v for k, v in geometry.items()
+                                              if k != "num_masked")
+
+
 def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Iterator]] = None,
         config_str: str = "") -> TrainResult:
     """Train to `config.train_steps`, resuming from the model dir's latest checkpoint.
@@ -313,11 +323,7 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
             _log.info("resumed from step %d (%s)", start, cfg.model_dir)
     start = start or 0
 
-    family = trainer.model.family
-    geometry = batch_geometry(family, example)
-    global_rows = example[next(iter(example))].shape[0] * jax.process_count()
-    step_flops = flops_lib.step_flops(trainer.model.config, family, global_rows, **geometry)
-    tokens_per_step = global_rows * sum(v for k, v in geometry.items() if k != "num_masked")
+    geometry, step_flops, tokens_per_step = step_cost(trainer.model, example)
     peak = cfg.peak_flops or flops_lib.peak_flops_per_device()
     if peak is None and cfg.measure_peak and start < cfg.train_steps:
         peak = flops_lib.measure_peak_flops(trainer.model.config.dtype)

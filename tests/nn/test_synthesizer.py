@@ -117,12 +117,11 @@ def test_bfloat16_gradients_run_and_track_float32(variant):
     its gradients stay within bf16 rounding of float32's."""
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, T5_TINY.d_model))
     mask = causal_mask(6)
-    grads = {}
+    params, grads = None, {}
     for dtype in ("float32", "bfloat16"):
         cfg = T5_TINY.replace(synthesizer=variant, synthesizer_length=LENGTH, dtype=dtype)
         attn = MultiHeadAttention(cfg, synthetic=True)
-        params = grads.get("params") or init(attn, x, x, mask, None)
-        grads["params"] = params
+        params = params or init(attn, x, x, mask, None)
 
         def loss(p, attn=attn):
             return jnp.sum(attn.apply({"params": p}, x, x, mask, None).astype(jnp.float32) ** 2)
