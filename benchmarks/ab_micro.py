@@ -17,6 +17,7 @@ import argparse
 import statistics
 import time
 
+import _common  # noqa: F401  (before JAX starts: the CPU, not a TPU probe)
 import jax
 import jax.numpy as jnp
 

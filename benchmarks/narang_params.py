@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+import _common  # noqa: F401  (before JAX starts: the CPU, not a TPU probe)
 import gin
 
 from t2t.ablations import grid as grid_lib
