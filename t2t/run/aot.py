@@ -219,20 +219,23 @@ def hlo_flops(trainer: Trainer, batch: Dict[str, np.ndarray]) -> Optional[float]
     step as lowered (remat recomputation included), before partitioning and optimisation.
 
     XLA counts a loop body once, whatever its trip count, so scanned layers are lowered
-    unrolled for this count (a lowering, not a compile: seconds). None for a scanned
+    unrolled and microbatches as one batch for this count (a lowering, not a compile:
+    seconds; the same arithmetic but the gradient accumulation's adds). None for a scanned
     model that is not one of the pretraining families."""
     from jax._src import xla_bridge
     from jax._src.lib import _jax
     from t2t.models.families import make_model
-    model = trainer.model
+    model, config = trainer.model, trainer.config
     if model.config.scan_layers:
         if model.family not in ("bert", "t5", "gpt") or type(model) is not type(
                 make_model(model.family, model.config, model.loss)):
             return None
-        unrolled = make_model(model.family, model.config.replace(scan_layers=False),
-                              model.loss)
-        trainer = Trainer(unrolled, trainer.tx, trainer.mesh, trainer.config,
-                          trainer.schedule, trainer.rules)
+        model = make_model(model.family, model.config.replace(scan_layers=False), model.loss)
+    if config.num_microbatches > 1:
+        config = dataclasses.replace(config, num_microbatches=1)
+    if model is not trainer.model or config is not trainer.config:
+        trainer = Trainer(model, trainer.tx, trainer.mesh, config, trainer.schedule,
+                          trainer.rules)
     lowered = trainer.lower_train_step(trainer.abstract_init(batch),
                                        trainer.abstract_batch(batch))
     module = lowered.compiler_ir("hlo").as_hlo_module()

@@ -57,6 +57,29 @@ def _compile(family, hardware, *extra, step="train"):
 # ----------------------------------------------------------------------------- no compile
 
 
+def test_xla_flops_count_every_microbatch_and_scanned_layer(tmp_path):
+    """XLA's cost analysis counts a loop body once: the count lowers scanned layers unrolled
+    and microbatches as one batch, so a scanned, microbatched step counts as the plain one."""
+    import optax
+
+    from t2t.models.families import make_model
+    from t2t.train.trainer import TrainConfig, Trainer
+    from tests.nn.helpers import T5_TINY
+    from tests.train.fakes import RandomCopyData
+
+    batch = next(RandomCopyData())
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1))
+
+    def count(scan_layers, num_microbatches):
+        model = make_model("t5", T5_TINY.replace(scan_layers=scan_layers))
+        config = TrainConfig(model_dir=str(tmp_path), num_microbatches=num_microbatches)
+        return aot.hlo_flops(Trainer(model, optax.adam(1e-3), mesh, config), batch)
+
+    plain = count(False, 1)
+    assert plain > 0
+    assert count(True, 4) == pytest.approx(plain, rel=0.01)
+
+
 @pytest.mark.parametrize("name, topology, chips_", [
     ("v4-8", "v4:2x2x1", 4), ("v4-128", "v4:4x4x4", 64), ("v5e-8", "v5e:2x4", 8),
     ("v5litepod-256", "v5e:16x16", 256), ("v5p-128", "v5p:4x4x4", 64),
