@@ -89,6 +89,8 @@ class LayerStack(nn.Module):
                            moe=is_moe_layer(cfg, 0), linformer=linformer,
                            causal=self.stack == "decoder", name="layer")(x, *args)
             return x
+        if shared and decode:
+            return self._shared_with_caches(x, args, deterministic, linformer)
         cls = functools.partial(_layer_class(cfg, scanned=False), causal=self.stack == "decoder")
         states = [x]
         layer = None
@@ -104,6 +106,23 @@ class LayerStack(nn.Module):
             states.append(x)
         if return_all:
             return x, states
+        return x
+
+    def _shared_with_caches(self, x, args, deterministic, linformer):
+        """The shared layer applied num_layers times while decoding: the same parameters
+        (broadcast, named "layer" as in the loop) but a KV cache per application, stacked
+        [num_layers, ...] (one module's cache would be overwritten by its next call)."""
+        cfg = self.config
+        encoded = args[0]
+        per_layer = encoded is not None and encoded.ndim == 4    # transparent: [b, M, l, d]
+        scanned = nn.scan(_layer_class(cfg, scanned=True), variable_broadcast="params",
+                          variable_axes={"cache": 0, "intermediates": 0, MOE_COLLECTION: 0},
+                          split_rngs={"params": False, "dropout": True},
+                          in_axes=(1 if per_layer else nn.broadcast,)
+                          + (nn.broadcast,) * (len(args) - 1), length=self.num_layers)
+        x, _ = scanned(cfg, deterministic, True, scanned=True, moe=is_moe_layer(cfg, 0),
+                       linformer=linformer, causal=self.stack == "decoder",
+                       name="layer")(x, *args)
         return x
 
 

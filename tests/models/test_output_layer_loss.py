@@ -74,7 +74,9 @@ def test_loss_is_the_negative_log_likelihood_of_the_output_layer(layer, referenc
     {"num_encoder_layers": 3, "funnel_blocks": (1, 2)},
     {"output_layer": "adaptive_softmax", "adaptive_cutoffs": (10, 30), "tie_embeddings": False,
      "adaptive_input": True},
-], ids=["transparent", "funnel", "adaptive"])
+    {"share_layers": True, "num_decoder_layers": 3},
+    {"share_layers": True, "share_layers_in": "decoder", "transparent_attention": True},
+], ids=["transparent", "funnel", "adaptive", "block_sharing", "shared_decoder_transparent"])
 def test_greedy_decoding_equals_the_argmax_of_a_full_pass(changes):
     """predict's cached decoding feeds back its own argmax: a full teacher-forced pass over
     the predicted tokens must choose the same tokens."""
