@@ -468,4 +468,10 @@ def freeze(tx: optax.GradientTransformation,
         return jax.tree.map(lambda u, s: jnp.zeros_like(u) if isinstance(s, optax.MaskedNode)
                             else s, updates, sub), state
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    if getattr(tx, "with_param_axes", None) is None:
+        return optax.GradientTransformation(init_fn, update_fn)
+    # `tx` wants the parameters' logical axes (t2t.train.param_views: T5's Adafactor): so
+    # does the frozen one, binding `tx` and freezing the bound transformation.
+    frozen_tx = type(tx)(init_fn, update_fn)
+    frozen_tx._bind = lambda axes: freeze(tx.with_param_axes(axes), frozen)
+    return frozen_tx

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from t2t.errors import ConfigError
+from t2t.train import param_views
 
 Schedule = Callable[[jax.Array], jax.Array]
 LearningRate = Union[float, Schedule]
@@ -127,12 +128,14 @@ def adafactor_t5(learning_rate: LearningRate, decay_rate: float = 0.8, factored:
     """T5's Adafactor (Mesh-TF defaults): ``beta2_t = 1 - t**-decay_rate``, factored second
     moments for matrices with both dims >= ``min_dim_size_to_factor``, no first moment,
     per-parameter update RMS clipped to ``clipping_threshold``, step multiplied by
-    ``max(1e-3, RMS(param))``, ``epsilon1 = 1e-30``."""
-    return optax.adafactor(
+    ``max(1e-3, RMS(param))``, ``epsilon1 = 1e-30``. Each parameter is seen as Mesh TF
+    stored it once the Trainer binds the logical axes (`t2t.train.param_views`): attention
+    kernels [d_model, heads * head_dim], every scanned layer its own parameter."""
+    return param_views.per_parameter(optax.adafactor(
         learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
         multiply_by_parameter_scale=multiply_by_parameter_scale,
         clipping_threshold=clipping_threshold, momentum=momentum, eps=eps, factored=factored,
-        weight_decay_rate=weight_decay_rate)
+        weight_decay_rate=weight_decay_rate))
 
 
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {

@@ -373,15 +373,23 @@ def to_global_arrays(batch: Mapping[str, np.ndarray], mesh: Mesh,
 
 
 def abstract_sharded(init_fn: Callable[..., Any], rng: Any, *args: Any, mesh: Mesh,
-                     rules: Rules = DEFAULT_RULES) -> tuple[Any, Any]:
+                     rules: Rules = DEFAULT_RULES, with_axes: bool = False) -> tuple:
     """(unboxed ShapeDtypeStructs carrying their shardings, the shardings) of what
     ``init_fn(rng, *args)`` returns; nothing is allocated. ``rng`` and ``args`` may be
-    arrays or ShapeDtypeStructs, so this also serves meshes of compile-only devices."""
+    arrays or ShapeDtypeStructs, so this also serves meshes of compile-only devices.
+    ``with_axes``: also {key path: logical names} of the boxed leaves (:func:`logical_axes`)."""
     with sharding_context(mesh, rules):
         boxed = jax.eval_shape(init_fn, rng, *args)
         shardings = param_shardings(boxed, mesh, rules)
     unboxed = jax.tree.map(lambda x: x.value if _is_box(x) else x, boxed, is_leaf=_is_box)
-    return with_shardings(unboxed, shardings), shardings
+    out = (with_shardings(unboxed, shardings), shardings)
+    return out + (logical_axes(boxed),) if with_axes else out
+
+
+def logical_axes(boxed: Any) -> dict:
+    """{key path of the unboxed leaf: its logical names} for every boxed leaf of `boxed`."""
+    leaves = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=_is_box)[0]
+    return {path: tuple(leaf.names) for path, leaf in leaves if _is_box(leaf)}
 
 
 def with_shardings(tree: Any, shardings: Any) -> Any:
@@ -407,20 +415,25 @@ def init_sharded(init_fn: Callable[..., Any], rng: jax.Array, *args: Any, mesh: 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params: Any,
                         shardings: Any) -> Any:
-    """Shardings for ``tx.init(params)``: moments shaped like their parameter inherit its
-    sharding; anything else (step counts, Adafactor's factored row/column statistics) is
-    replicated. Use as ``jax.jit(tx.init, out_shardings=...)`` (never ``device_put``).
-    ``params`` may be ShapeDtypeStructs; call this outside ``jax.set_mesh`` (optax runs
-    ``tx.init`` on placeholders eagerly, which a mesh of compile-only devices refuses)."""
+    """Shardings for ``tx.init(params)``: a state leaf shaped like the parameter whose key
+    path lies within its own (optax's moments ``[i].nu[path]``, a per-parameter state's
+    ``[path].v``) inherits that parameter's sharding; anything else (step counts,
+    Adafactor's factored row/column statistics) is replicated. Use as
+    ``jax.jit(tx.init, out_shardings=...)`` (never ``device_put``). ``params`` may be
+    ShapeDtypeStructs; call this outside ``jax.set_mesh``."""
     mesh = jax.tree.leaves(shardings)[0].mesh
     replicated = NamedSharding(mesh, P())
-    abstract = jax.eval_shape(tx.init, params)
+    by_path = {tuple(path): (tuple(np.shape(p)), s) for (path, p), s in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(shardings))}
+    longest = max((len(k) for k in by_path), default=0)
 
-    def pick(leaf, sharding, param):
-        if isinstance(leaf, optax.MaskedNode):    # a frozen leaf's no-state (peft.freeze)
-            return leaf
-        return sharding if tuple(np.shape(leaf)) == tuple(np.shape(param)) else replicated
+    def pick(path, leaf):
+        shape = tuple(np.shape(leaf))
+        for start in range(len(path)):
+            for end in range(min(len(path), start + longest), start, -1):
+                hit = by_path.get(tuple(path[start:end]))
+                if hit is not None and hit[0] == shape:
+                    return hit[1]
+        return replicated
 
-    return optax.tree_map_params(tx, pick, abstract, shardings, params,
-                                 transform_non_params=lambda _: replicated,
-                                 is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+    return jax.tree_util.tree_map_with_path(pick, jax.eval_shape(tx.init, params))

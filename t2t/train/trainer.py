@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from t2t.models.base import Model
 from t2t.train import flops as flops_lib
-from t2t.train import partitioning
+from t2t.train import param_views, partitioning
 from t2t.train.checkpoints import Checkpointer
 from t2t.train.metrics_log import MetricsLogger
 from t2t.train.optimizers import accumulate_gradients
@@ -97,8 +97,10 @@ class Trainer:
         ShapeDtypeStructs) and the mesh may be those of a topology this host lacks."""
         shapes = _shapes(example_batch)
         rng = jax.ShapeDtypeStruct((2,), jnp.uint32)       # a jax.random.PRNGKey
-        params, param_shardings = partitioning.abstract_sharded(
-            lambda r: self.model.init(r, _zeros(shapes)), rng, mesh=self.mesh, rules=self.rules)
+        params, param_shardings, axes = partitioning.abstract_sharded(
+            lambda r: self.model.init(r, _zeros(shapes)), rng, mesh=self.mesh, rules=self.rules,
+            with_axes=True)
+        self.tx = param_views.bind_param_axes(self.tx, axes)   # T5's Adafactor: its views
         opt_shardings = partitioning.opt_state_shardings(self.tx, params, param_shardings)
         opt_state = partitioning.with_shardings(jax.eval_shape(self.tx.init, params),
                                                 opt_shardings)

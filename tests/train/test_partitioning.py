@@ -8,6 +8,7 @@ import optax
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from t2t.train import param_views
 from t2t.train import partitioning as pt
 
 
@@ -167,8 +168,9 @@ def test_unknown_activation_name_raises():
                         mesh=mesh)
 
 
-@pytest.mark.parametrize("make_tx", [lambda: optax.adamw(1e-3),
-                                     lambda: optax.adafactor(1e-3, min_dim_size_to_factor=8)])
+@pytest.mark.parametrize("make_tx", [
+    lambda: optax.adamw(1e-3), lambda: optax.adafactor(1e-3, min_dim_size_to_factor=8),
+    lambda: param_views.per_parameter(optax.adafactor(1e-3, min_dim_size_to_factor=64))])
 def test_opt_state_shardings(make_tx):
     mesh = pt.make_mesh(pt.MeshConfig(data=2, fsdp=2, tensor=2))
     params, shardings = pt.init_sharded(ToyMlp().init, jax.random.key(0),
@@ -179,7 +181,9 @@ def test_opt_state_shardings(make_tx):
     wi = params["params"]["wi"]
     specs = {(tuple(x.shape), x.sharding.spec) for x in jax.tree.leaves(state)}
     assert all(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(state))
-    if isinstance(state[0], optax.ScaleByAdamState):  # mu, nu shaped like wi: same sharding
+    if isinstance(state, dict):  # per parameter, unfactored (dims < 64): sharded as wi
+        assert state["params"]["wi"][0].v.sharding == wi.sharding
+    elif isinstance(state[0], optax.ScaleByAdamState):  # mu, nu shaped like wi: same sharding
         assert ((16, 32), P("fsdp", "tensor")) in specs
         assert state[0].mu["params"]["wi"].sharding == wi.sharding
     else:  # Adafactor: factored row/col statistics of wi are replicated
