@@ -100,7 +100,16 @@ def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str
         return params or set(paths)
 
     have_p, want_p = model_params(have), model_params(want)
-    shown = [p for p in problems if p.split(":")[0] in have_p | want_p] or problems
+    shown = [p for p in problems if p.split(":")[0] in have_p | want_p]
+    if not shown and have_p == want_p:          # the model fits; the optimizer does not
+        first = "; ".join(p.split(" — ")[0] for p in problems[:2])
+        return (f"{where}: the model's parameters fit, its optimizer state does not "
+                f"({len(problems)} entries differ; first: {first}): it was written with "
+                "another optimizer, or by a t2t whose T5 Adafactor kept its statistics on the "
+                "stored shapes (before per-parameter views). Resume with the optimizer it was "
+                "written with, or start a new MODEL_DIR from its parameters "
+                "(t2t finetune --gin.INITIAL_CHECKPOINT=...)")
+    shown = shown or problems
     first = "; ".join(p.split(" — ")[0] for p in shown[:3])
     cause = ("different family or model: the checkpoint and the model share no parameter "
              "name" if not have_p & want_p else "different model size or config?")

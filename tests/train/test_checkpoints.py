@@ -112,6 +112,23 @@ def test_mismatch_error_names_paths_and_shapes(saved):
     assert "params/extra: in the model (2,) but not in the checkpoint" in msg
 
 
+def test_an_optimizer_mismatch_is_named_as_one(saved):
+    """The parameters fit but the optimizer state does not (an Adafactor checkpoint resumed
+    with AdamW, or T5's Adafactor before per-parameter views): the line says so, not
+    'different model size'."""
+    directory, state, shardings, _ = saved
+    target = ck.abstract_state(state, shardings)
+    replicated = target["step"].sharding
+    target["opt_state"] = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+        jax.eval_shape(optax.adafactor(1e-3).init, state["params"]))
+    with ck.Checkpointer(directory) as c, pytest.raises(ValueError) as e:
+        c.restore(10, target)
+    line = str(e.value).splitlines()[0]
+    assert "the model's parameters fit, its optimizer state does not" in line
+    assert "opt_state/" in line and "model size" not in line
+
+
 def test_dtype_mismatch_and_cast(saved):
     directory, state, shardings, _ = saved
     target = ck.abstract_state(state, shardings)
