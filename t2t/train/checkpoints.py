@@ -105,10 +105,8 @@ def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str
         first = "; ".join(p.split(" — ")[0] for p in problems[:2])
         return (f"{where}: the model's parameters fit, its optimizer state does not "
                 f"({len(problems)} entries differ; first: {first}): it was written with "
-                "another optimizer, or by a t2t whose T5 Adafactor kept its statistics on the "
-                "stored shapes (before per-parameter views). Resume with the optimizer it was "
-                "written with, or start a new MODEL_DIR from its parameters "
-                "(t2t finetune --gin.INITIAL_CHECKPOINT=...)")
+                "another optimizer. Resume with the optimizer it was written with, or start a "
+                "new MODEL_DIR from its parameters (t2t finetune --gin.INITIAL_CHECKPOINT=...)")
     shown = shown or problems
     first = "; ".join(p.split(" — ")[0] for p in shown[:3])
     cause = ("different family or model: the checkpoint and the model share no parameter "

@@ -17,6 +17,8 @@ into one and ``layers`` dimensions split off as independent parameters (``jax.vm
 optimizer state mirrors the parameter tree, one inner state per parameter. A transformation
 that needs the axes is returned unbound (every parameter as stored) with a
 ``with_param_axes`` method; the Trainer binds it once it knows the model's logical axes.
+:func:`from_stored_shapes` carries a state written before the views (optax's Adafactor on
+the stored shapes: checkpoints of earlier runs) over to them, exactly.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import optax
+from optax._src.factorized import _factored_dims
 
 PyTree = Any
 Path = Tuple[Any, ...]
@@ -145,7 +148,58 @@ def per_parameter(inner: optax.GradientTransformation,
 
     tx = NeedsParamAxes(init, update)
     tx._bind = lambda axes: per_parameter(inner, views_from_axes(axes))
+    tx.inner, tx.views = inner, views
     return tx
+
+
+def stored_shapes_tx(tx: optax.GradientTransformation) -> Optional[optax.GradientTransformation]:
+    """The transformation `tx` runs per parameter, as it ran on the stored shapes before
+    the views; None when `tx` is not a :func:`per_parameter` transformation."""
+    return getattr(tx, "inner", None)
+
+
+def from_stored_shapes(tx: NeedsParamAxes, stored: Any, params: PyTree) -> PyTree:
+    """`tx`'s state carried over from `tx.inner`'s state on the stored shapes (optax's
+    Adafactor: ``(FactoredState, stateless...)``), e.g. a checkpoint from before the views.
+
+    Exact, because both keep exponential averages of the same squared gradients: a full
+    second moment becomes the view's row and column means (a factored statistic is the
+    mean of the full one), and factored statistics over the same axes carry as they are.
+    Raises ValueError where a statistic cannot be carried (factored over other axes)."""
+    head, rest = stored[0], stored[1:]
+    if not isinstance(head, optax.FactoredState) or jax.tree.leaves(rest):
+        raise ValueError("not an optax Adafactor state")
+    by_path = {name: dict(jax.tree_util.tree_flatten_with_path(getattr(head, name))[0])
+               for name in ("v_row", "v_col", "v")}
+
+    def one(path, p):
+        view = tx.views.get(path) or View()
+        new = _apply(tx.inner, view)[0](p)
+        stats = _carry(p.shape, view, by_path["v_row"][path], by_path["v_col"][path],
+                       by_path["v"][path], new[0])
+        count = jnp.broadcast_to(head.count, new[0].count.shape)
+        return (new[0]._replace(count=count, **stats),) + tuple(new[1:])
+
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def _carry(shape: Sequence[int], view: View, row, col, full, new: optax.FactoredState) -> dict:
+    """The view's second-moment statistics from the stored shape's (`row`, `col`, `full`)."""
+    off = 1 if view.stacked else 0                 # vmapped: statistics have a layer dim
+    viewed = view.shape(shape)
+    new_factored = tuple(new.v.shape) != viewed    # factored: v is a [1] (per layer) stub
+    if tuple(full.shape) == tuple(shape):          # stored unfactored: the full average
+        ema = view.to(full)
+        if not new_factored:
+            return {"v": ema}
+        d1, d0 = _factored_dims(viewed[off:], True, 0)
+        return {"v_row": ema.mean(axis=d0 + off), "v_col": ema.mean(axis=d1 + off)}
+    if new_factored and view.joined is None and view.stacked in ((), (0,)):
+        d1, d0 = _factored_dims(viewed[off:], True, 0)
+        if _factored_dims(tuple(shape), True, 0) == (d1 + off, d0 + off):
+            return {"v_row": row, "v_col": col}    # the same axes, the same layer order
+    raise ValueError(f"the factored statistics of a {tuple(shape)} parameter do not carry "
+                     f"over to its view {viewed}")
 
 
 def bind_param_axes(tx: optax.GradientTransformation,

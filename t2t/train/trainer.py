@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from t2t.models.base import Model
 from t2t.train import flops as flops_lib
 from t2t.train import param_views, partitioning
+from t2t.errors import CheckpointMismatchError
 from t2t.train.checkpoints import Checkpointer
 from t2t.train.metrics_log import MetricsLogger
 from t2t.train.optimizers import accumulate_gradients
@@ -296,6 +297,33 @@ def step_cost(model, example: Dict[str, np.ndarray]) -> Tuple[Dict[str, int], fl
                                               if k != "num_masked")
 
 
+def restore(ckpt: Checkpointer, step: int, trainer: Trainer,
+            state: TrainState) -> Tuple[TrainState, Optional[dict]]:
+    """`step`'s (state, data state) onto `state`'s shardings. A checkpoint of T5's Adafactor
+    from before per-parameter views (`t2t.train.param_views`) has its optimizer state
+    carried over exactly; any other mismatch is the checkpoint's one-line error."""
+    target = trainer.abstract_state(state)
+    try:
+        return ckpt.restore(step, target)
+    except CheckpointMismatchError as mismatch:
+        stored_tx = param_views.stored_shapes_tx(trainer.tx)
+        if stored_tx is None:
+            raise
+        shardings = trainer.state_shardings
+        stored_opt = partitioning.with_shardings(
+            jax.eval_shape(stored_tx.init, target.params),
+            partitioning.opt_state_shardings(stored_tx, target.params, shardings.params))
+        try:
+            old, data_state = ckpt.restore(step, target.replace(opt_state=stored_opt))
+            carry = jax.jit(lambda o, p: param_views.from_stored_shapes(trainer.tx, o, p),
+                            out_shardings=shardings.opt_state)
+            opt_state = carry(old.opt_state, old.params)
+        except ValueError:       # CheckpointMismatchError too: not that Adafactor state
+            raise mismatch from None
+    _log.info("carried the checkpoint's Adafactor statistics over to T5's per-parameter views")
+    return old.replace(opt_state=opt_state), data_state
+
+
 def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Iterator]] = None,
         config_str: str = "") -> TrainResult:
     """Train to `config.train_steps`, resuming from the model dir's latest checkpoint.
@@ -315,7 +343,7 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
                         async_save=cfg.async_checkpoint)
     start = ckpt.latest_step()
     if start is not None:
-        state, data_state = ckpt.restore(start, trainer.abstract_state(state))
+        state, data_state = restore(ckpt, start, trainer, state)
         if data_state is not None:
             train_data.set_state(data_state)
         if start >= cfg.train_steps:

@@ -113,9 +113,8 @@ def test_mismatch_error_names_paths_and_shapes(saved):
 
 
 def test_an_optimizer_mismatch_is_named_as_one(saved):
-    """The parameters fit but the optimizer state does not (an Adafactor checkpoint resumed
-    with AdamW, or T5's Adafactor before per-parameter views): the line says so, not
-    'different model size'."""
+    """The parameters fit but the optimizer state does not (an AdamW checkpoint resumed with
+    Adafactor): the line says so, not 'different model size'."""
     directory, state, shardings, _ = saved
     target = ck.abstract_state(state, shardings)
     replicated = target["step"].sharding

@@ -105,3 +105,50 @@ def test_the_trainer_binds_the_model_axes(tmp_path, frozen):
     assert (layers, 128) in shapes and (layers, 128, 2, 64) not in shapes
     state, metrics = trainer.train_step(state, batch)
     assert np.isfinite(float(metrics["loss"]))
+
+
+def test_a_stored_shape_state_carries_over_exactly():
+    """Second moments depend on the gradients alone: fed the same gradients, optax's
+    Adafactor on the stored shapes and T5's views keep the same averages, so the carried
+    state equals the views' own. Covers a full moment becoming a factored one (attention,
+    scanned and not), factored statistics carried per layer (scanned MLP) and as stored."""
+    axes = {(K("q"),): ("layers", "embed", "heads", "kv"), (K("o"),): ("heads", "kv", "embed"),
+            (K("wi"),): ("layers", "embed", "mlp"), (K("emb"),): ("vocab", "embed"),
+            (K("scale"),): ("embed",)}
+    tx = param_views.bind_param_axes(optimizers.make_optimizer("adafactor_t5", 1e-2), axes)
+    stored_tx = param_views.stored_shapes_tx(tx)
+    params = {"q": _normal(2, 256, 4, 64), "o": _normal(4, 64, 256), "wi": _normal(2, 256, 512),
+              "emb": _normal(512, 256), "scale": _normal(256)}
+    ours, stored = tx.init(params), stored_tx.init(params)
+    for step in range(3):
+        grads = {k: _normal(*v.shape) * (step + 1) for k, v in params.items()}
+        ours = tx.update(grads, ours, params)[1]
+        stored = stored_tx.update(grads, stored, params)[1]
+    carried = param_views.from_stored_shapes(tx, stored, params)
+    assert jax.tree.structure(carried) == jax.tree.structure(ours)
+    for got, want in zip(jax.tree.leaves(carried), jax.tree.leaves(ours)):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert ours["q"][0].v_row.shape == (2, 256)        # per layer, factored: it was full
+
+
+def test_resuming_a_checkpoint_from_before_the_views(tmp_path):
+    """`t2t train` resumes a scanned T5 checkpointed with Adafactor on the stored shapes:
+    step and parameters as saved, the statistics carried over, and training goes on."""
+    from t2t.train.checkpoints import Checkpointer
+    from t2t.train.trainer import restore
+    batch = next(RandomCopyData())
+    views_tx = optimizers.make_optimizer("adafactor_t5", 1e-2)
+    old = _t5_trainer(tmp_path, param_views.stored_shapes_tx(views_tx))
+    state = old.train_step(old.init_state(batch), batch)[0]
+    with Checkpointer(str(tmp_path / "ckpt"), async_save=False) as ckpt:
+        ckpt.save(1, state)
+    new = _t5_trainer(tmp_path, views_tx)
+    with Checkpointer(str(tmp_path / "ckpt"), async_save=False) as ckpt:
+        resumed, _ = restore(ckpt, 1, new, new.init_state(batch))
+    assert int(resumed.step) == 1
+    for got, want in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(got, want)
+    want = param_views.from_stored_shapes(new.tx, state.opt_state, state.params)
+    for got, w in zip(jax.tree.leaves(resumed.opt_state), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(got, w)
+    assert np.isfinite(float(new.train_step(resumed, batch)[1]["loss"]))
