@@ -9,7 +9,12 @@ rerun compiles only missing cells); the table is written between the README's
 compile-table markers.
 
     python benchmarks/compile_table.py [--models t5_base,bert_base] [--hardware v4-8] [--redo]
+    python benchmarks/compile_table.py --microbatches    # what makes the ✗ cells fit
     python benchmarks/compile_table.py --render-only     # the README table from the JSON
+
+A cell that does not fit can be compiled again with its global batch split into
+microbatches (TrainConfig.num_microbatches: gradients accumulated over 2, 4, ... passes, the
+same update): `--microbatches` finds the fewest that fit and the table's footnote names them.
 """
 from __future__ import annotations
 
@@ -69,6 +74,7 @@ KERNEL_MODELS = {   # name: (label, model, extra flags)
                 ["--gin.TASK_FEATURE_LENGTHS={'inputs': 2048, 'targets': 512}"]),
 }
 KERNELS = ("xla", "splash")
+MICROBATCHES = (2, 4, 8, 16, 32)    # tried in order on a cell that does not fit
 HARDWARE = {   # name: hardware gin (its TPU_TOPOLOGY / TPU_NUM_SLICES name the target)
     "v4-8": "hardware/tpu_v4_8.gin", "v4-128": "hardware/tpu_v4_128.gin",
     "v5e-8": "hardware/tpu_v5e_8.gin", "v5e-256": "hardware/tpu_v5e_256.gin",
@@ -97,6 +103,26 @@ def run_cell(model: str, hardware: str, extra: list[str], crashed: bool = False)
         cell = _compile_cell(model, hardware, extra + overrides, flags)
     cell = {**cell, "overrides": overrides} if overrides else cell
     return {**cell, "libtpu_flags": flags} if flags else cell
+
+
+def fewest_microbatches(model: str, hardware: str, cell: dict) -> dict:
+    """The cell that does not fit, compiled with its batch in 2, 4, ... microbatches until
+    one fits: {"num_microbatches", "total_bytes", "step_time_s"} of the first that does, or
+    {"num_microbatches": None, "tried": [...], "total_bytes": at the last} when none of
+    MICROBATCHES fits (what is left is the state: parameters, gradients, optimizer)."""
+    extra = XLA + cell.get("overrides", [])
+    tried, total = [], None
+    for n in MICROBATCHES:
+        got = _compile_cell(model, hardware, extra + [f"--gin.TrainConfig.num_microbatches={n}"],
+                            cell.get("libtpu_flags", ""))
+        tried.append(n)
+        print(f"  {n} microbatches: {got.get('verdict') or got.get('error')} "
+              f"({got['seconds']:.0f} s)", flush=True)
+        total = got["bytes_per_chip"]["total"] if "bytes_per_chip" in got else total
+        if got.get("fits"):
+            return {"num_microbatches": n, "total_bytes": total,
+                    "step_time_s": got.get("step_time_s"), "seconds": got["seconds"]}
+    return {"num_microbatches": None, "tried": tried, "total_bytes": total}
 
 
 def _compile_cell(model: str, hardware: str, extra: list[str], libtpu_flags: str) -> dict:
@@ -132,7 +158,7 @@ def render(cells: dict) -> str:
     """Markdown: one row per model, one column per hardware config."""
     hw = list(HARDWARE)
     head = "| model | " + " | ".join(hw) + " |\n|---|" + "---:|" * len(hw) + "\n"
-    rows, overridden, worked_around = [], {}, {}
+    rows, overridden, worked_around, microbatched = [], {}, {}, {}
     for model, (label, _, _) in MODELS.items():
         cols = []
         for h in hw:
@@ -144,6 +170,10 @@ def render(cells: dict) -> str:
                 cols.append("error")
                 continue
             mark = "" if cell["fits"] else " ✗"
+            micro = cell.get("microbatched")
+            if micro:
+                microbatched[f"{label} on {h}"] = micro
+                mark += " §"
             if cell.get("libtpu_flags"):
                 worked_around[f"{label} on {h}"] = cell["libtpu_flags"]
                 mark += " ‡"
@@ -160,9 +190,20 @@ def render(cells: dict) -> str:
     notes = "".join(f"\n† {where}: {what}" for where, what in overridden.items())
     notes += "".join(f"\n‡ {where}: LIBTPU_INIT_ARGS={what}" for where, what in
                      worked_around.items())
+    notes += "".join(f"\n§ {where}: {_microbatch_note(m)}" for where, m in microbatched.items())
     errors = sorted({c["error"] for k, c in cells.items() if "error" in c and "@" not in k})
     notes += "".join(f"\nerror: {e}" for e in errors)
     return head + "\n".join(rows) + ("\n" + notes if notes else "") + "\n"
+
+
+def _microbatch_note(micro: dict) -> str:
+    n = micro["num_microbatches"]
+    gib = (micro.get("total_bytes") or 0) / 1024 ** 3
+    if n is None:
+        return (f"does not fit in {micro['tried'][0]}–{micro['tried'][-1]} microbatches either "
+                f"({gib:.1f} GiB at {micro['tried'][-1]}: mostly parameters, gradients and "
+                "optimizer state): a larger slice")
+    return f"fits with TrainConfig.num_microbatches={n} ({gib:.1f} GiB; the same FLOPs)"
 
 
 def kernel_key(model: str, kernel: str) -> str:
@@ -212,6 +253,8 @@ def main() -> int:
                         help=f"the attention-kernel table ({', '.join(KERNEL_MODELS)} on "
                         f"{KERNEL_HARDWARE}) instead of the memory table")
     parser.add_argument("--redo", action="store_true", help="recompile cells already done")
+    parser.add_argument("--microbatches", action="store_true",
+                        help="for each cell that does not fit, the fewest microbatches that do")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--render-only", action="store_true", help="compile nothing")
     args = parser.parse_args()
@@ -224,6 +267,16 @@ def main() -> int:
     else:
         todo = [(f"{m}|{h}", m, h, XLA) for h in args.hardware.split(",")
                 for m in args.models.split(",")]
+    if args.microbatches and not args.render_only:
+        for key, model, hardware, _ in todo:
+            cell = cells.get(key)
+            if cell is None or "error" in cell or cell["fits"] or (
+                    "microbatched" in cell and not args.redo):
+                continue
+            print(f"{key}: does not fit; trying microbatches", flush=True)
+            cell["microbatched"] = fewest_microbatches(model, hardware, cell)
+            _store(key, cell)
+        todo = []
     for key, model, hardware, extra in todo:
         if args.render_only or (key in cells and "error" not in cells[key] and not args.redo):
             continue            # done (errors are retried: most are the config's)
