@@ -22,10 +22,10 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from t2t.errors import CheckpointMismatchError
 from t2t.models.base import Model
 from t2t.train import flops as flops_lib
 from t2t.train import param_views, partitioning
-from t2t.errors import CheckpointMismatchError
 from t2t.train.checkpoints import Checkpointer
 from t2t.train.metrics_log import MetricsLogger
 from t2t.train.optimizers import accumulate_gradients
