@@ -137,11 +137,8 @@ def per_parameter(inner: optax.GradientTransformation,
         ps = treedef.flatten_up_to(params) if params is not None else [None] * len(leaves)
         new_u, new_s = [], []
         for (path, u), s, p in zip(leaves, states, ps):
-            if _is_masked(u):
-                new_u.append(u)
-                new_s.append(s)
-                continue
-            u, s = _apply(inner, views.get(path))[1](u, s, p)
+            if not _is_masked(u):                  # a frozen leaf passes as it is
+                u, s = _apply(inner, views.get(path))[1](u, s, p)
             new_u.append(u)
             new_s.append(s)
         return treedef.unflatten(new_u), treedef.unflatten(new_s)
