@@ -61,9 +61,11 @@ def _dims(text: str) -> list:
     return [int(d) for d in text.split(",") if d]
 
 
-def dot_flops(hlo_text: str) -> list:
+def dot_flops(hlo_text: str, reductions: bool = True) -> list:
     """[(lhs dtype, rhs dtype, FLOPs)] of every dot of an optimized HLO module, inside
-    fusions too: which matmuls XLA runs with bf16 operands and which it upcast."""
+    fusions too: which matmuls XLA runs with bf16 operands and which it upcast.
+    `reductions=False` leaves out the dots whose one operand is contracted whole (a vector
+    of ones summing the other: `t2t.nn.dense.add_bias`'s bias gradients)."""
     out, values = [], {}
     for line in hlo_text.splitlines():
         if line and not line[0].isspace():        # a computation header: its parameters
@@ -74,8 +76,10 @@ def dot_flops(hlo_text: str) -> list:
             values[m.group(1)] = (m.group(2), _dims(m.group(3)))
         d = DOT.search(line)
         if d:
-            (lhs, lhs_shape), (rhs, _) = values[d.group(4)], values[d.group(5)]
+            (lhs, lhs_shape), (rhs, rhs_shape) = values[d.group(4)], values[d.group(5)]
             k = int(np.prod([lhs_shape[i] for i in _dims(d.group(6))]))
+            if not reductions and k in (int(np.prod(lhs_shape)), int(np.prod(rhs_shape))):
+                continue
             out.append((lhs, rhs, 2 * int(np.prod(_dims(d.group(3)))) * k))
     return out
 

@@ -131,8 +131,19 @@ def nsp_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 def accuracy(logits: jax.Array, targets: jax.Array,
              weights: Optional[jax.Array] = None) -> jax.Array:
-    """Weighted fraction of argmax(logits [..., V]) == targets [...]."""
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    """Weighted fraction of argmax(logits [..., V]) == targets [...].
+
+    The argmax is taken as the first index holding the row's maximum (two plain
+    reductions): XLA:CPU runs `jnp.argmax` as a variadic (value, index) reduction that is
+    not vectorised, about 7% of a GPT-2 small bf16 train step over 50,257 logits
+    (benchmarks/README.md). Ties resolve as argmax's do: to the first index.
+    """
+    x = logits.astype(jnp.float32)
+    vocab = x.shape[-1]
+    row_max = jnp.max(x, axis=-1, keepdims=True)                               # [..., 1]
+    index = jnp.arange(vocab, dtype=jnp.int32)
+    first_max = jnp.min(jnp.where(x == row_max, index, vocab), axis=-1)        # [...]
+    correct = (first_max == targets.astype(jnp.int32)).astype(jnp.float32)
     if weights is None:
         return jnp.mean(correct)
     weights = weights.astype(jnp.float32)

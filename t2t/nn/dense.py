@@ -54,6 +54,34 @@ def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
     return y.astype(dtype)
 
 
+@jax.custom_vjp
+def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
+    """y [..., *F] + bias [*F] (cast to y's dtype).
+
+    The same sum as autodiff's, but the bias gradient (g summed over the leading dims) is
+    computed as a product with a vector of ones, float32 accumulation: XLA:CPU runs it as one
+    matmul, where autodiff's reduction became a slow reduce-window (72 of them, ~6% of a
+    GPT-2 small bf16 step: benchmarks/README.md).
+    """
+    return y + bias.astype(y.dtype)
+
+
+def _add_bias_fwd(y, bias):
+    return add_bias(y, bias), bias
+
+
+def _add_bias_bwd(bias, g):
+    lead = g.ndim - bias.ndim
+    ones = jnp.ones(g.shape[:lead], g.dtype)
+    dims = tuple(range(lead))
+    db = lax.dot_general(ones, g, ((dims, dims), ((), ())),
+                         preferred_element_type=jnp.float32)      # [*F]
+    return g, db.astype(bias.dtype)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
 class Dense(nn.Module):
     """y = x · W (+ b), contracting the last `contract` dims of x.
 
@@ -83,5 +111,5 @@ class Dense(nn.Module):
             bias_axes = self.kernel_axes[self.contract:]
             bias_init = nn.with_logical_partitioning(nn.initializers.zeros, bias_axes)
             bias = self.param("bias", bias_init, features, self.param_dtype)
-            y = y + bias.astype(self.dtype)
+            y = add_bias(y, bias)
         return y

@@ -143,6 +143,24 @@ def test_gather_and_mlm_loss(case):
     np.testing.assert_allclose([float(full), float(picked)], [ref, ref], rtol=1e-5)
 
 
+def test_accuracy_matches_argmax_with_ties():
+    # Integer logits in bf16 over a small range: most rows tie at their maximum, and argmax
+    # takes the first index; accuracy must count exactly the targets argmax picks.
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.integers(0, 3, (4, 16, 50)), jnp.bfloat16)
+    argmax = np.asarray(jnp.argmax(logits, -1))
+    for targets in (argmax, rng.integers(0, 50, (4, 16)),
+                    np.where(rng.random((4, 16)) < 0.5, argmax, argmax + 1) % 50):
+        weights = rng.random((4, 16)).astype(np.float32)
+        want = float(((argmax == targets) * weights).sum() / weights.sum())
+        got = float(losses.accuracy(logits, jnp.asarray(targets), jnp.asarray(weights)))
+        assert got == pytest.approx(want, rel=1e-6)
+    # Rows that tie: a later tied index is wrong, the first one right.
+    tied = jnp.array([[1.0, 3.0, 3.0, 0.0]])
+    assert float(losses.accuracy(tied, jnp.array([2]))) == 0.0
+    assert float(losses.accuracy(tied, jnp.array([1]))) == 1.0
+
+
 def test_nsp_loss_and_accuracy():
     logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [3.0, -1.0]])
     labels = jnp.array([0, 0, 0])

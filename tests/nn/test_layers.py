@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t2t.nn.dense import add_bias
 from t2t.nn.attention import (causal_mask, dot_product_attention, prefix_lm_mask,
                               segment_mask)
 from t2t.nn.mlp import GATED, MlpBlock
@@ -55,6 +56,27 @@ def test_norm_backward_matches_autodiff(cls, dtype):
         np.testing.assert_allclose(got[0][name], want[0][name], rtol=tol, atol=tol, err_msg=name)
     np.testing.assert_allclose(np.asarray(got[1], np.float32), np.asarray(want[1], np.float32),
                                rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_bias_gradient_matches_autodiff(dtype):
+    """`add_bias`'s ones-product bias gradient equals autodiff's sum over the leading dims,
+    for a multi-dim bias ([heads, head_dim]) too; the input gradient passes through."""
+    keys = jax.random.split(jax.random.PRNGKey(2), 3)
+    y = jax.random.normal(keys[0], (4, 6, 3, 5)).astype(dtype)
+    bias = jax.random.normal(keys[1], (3, 5))
+    cotangent = jax.random.normal(keys[2], (4, 6, 3, 5))
+
+    def loss(add):
+        return lambda y, b: jnp.sum(add(y, b).astype(jnp.float32) * cotangent)
+
+    got = jax.grad(loss(add_bias), argnums=(0, 1))(y, bias)
+    want = jax.grad(loss(lambda y, b: y + b.astype(y.dtype)), argnums=(0, 1))(y, bias)
+    assert got[0].dtype == dtype and got[1].dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
+    # Exactly the float32 sum of the cotangent as it arrives (rounded to y's dtype).
+    arriving = np.asarray(cotangent.astype(dtype), np.float64)
+    np.testing.assert_allclose(got[1], arriving.sum((0, 1)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name,acts", sorted(GATED.items()))

@@ -107,6 +107,19 @@ def test_grad_norm_metric_is_the_global_gradient_norm(tmp_path):
     assert float(_grad_norm(grads, jnp.float32(1.0))) == pytest.approx(want, rel=1e-6)
 
 
+def test_grad_norm_joins_small_gradients_exactly():
+    rng = np.random.default_rng(0)
+    grads = {"big": jnp.asarray(rng.normal(size=(300, 300)), jnp.float32),     # 90,000
+             "bias": jnp.asarray(rng.normal(size=(12, 64)), jnp.float32),
+             "scale": jnp.asarray(rng.normal(size=(768,)), jnp.bfloat16),
+             "scalar": jnp.float32(3.0)}
+    want = np.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64))))
+                       for g in grads.values()))
+    assert float(_grad_norm(grads, jnp.float32(1.0))) == pytest.approx(want, rel=1e-6)
+    assert float(_grad_norm({"b": grads["bias"]}, jnp.float32(1.0))) == pytest.approx(
+        float(np.linalg.norm(np.asarray(grads["bias"]))), rel=1e-6)
+
+
 def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
     model = _PoisonedModel(make_model("t5", CFG), at=5)
     with pytest.raises(NonFiniteLossError, match="step 5"):
