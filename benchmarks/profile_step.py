@@ -11,7 +11,9 @@ asynchronously and are not traced.
 
     python benchmarks/profile_step.py --model gpt --impl t2t [--top 30] [--out DIR]
 
-Compare two implementations by running it twice (one at a time on a quiet machine).
+``--impl torch`` or ``torch_bf16`` profiles PyTorch's step instead (``torch.profiler``: each
+aten op's self CPU time summed over its calls, i.e. CPU time, not wall time). Compare two
+implementations by running it twice (one at a time on a quiet machine).
 """
 from __future__ import annotations
 
@@ -88,6 +90,28 @@ def op_categories(hlo_text: str) -> dict:
     return out
 
 
+def profile_torch(model: str, impl: str, top: int) -> None:
+    """Print the `top` aten ops of one traced PyTorch step by self CPU time."""
+    import time
+
+    import torch
+    import train_step
+    step = train_step.IMPLS[impl](model)
+    step()
+    step()
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"{impl} {model}: step wall {wall * 1e3:.0f} ms (profiled), self CPU "
+          f"{total / 1e3:.0f} ms over {torch.get_num_threads()} threads")
+    print(f"{'ms':>8}  {'calls':>6}  aten op")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"{e.self_cpu_time_total / 1e3:8.1f}  {e.count:6d}  {e.key}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt", choices=["bert", "t5", "gpt"])
@@ -95,6 +119,8 @@ def main(argv=None) -> None:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out", default=None, help="keep the trace and HLO here")
     args = p.parse_args(argv)
+    if args.impl.startswith("torch"):
+        return profile_torch(args.model, args.impl, args.top)
     out = args.out or tempfile.mkdtemp(prefix="t2t_profile_")
     trace, hlo = trace_step(args.model, args.impl, out)
     share, span, idle = shared_time(trace)
