@@ -323,3 +323,16 @@ def test_span_qa_scoring_maps_gold_spans_back_to_the_answers(squad_task, tmp_pat
     rows = details["rows"]                     # predictions.jsonl: question, gold, answer
     assert len(rows) == 12 and all(r["input"].strip() for r in rows)
     assert all(rows[q]["prediction"] in rows[q]["target"] for q in answerable)
+
+
+def test_unbuilt_dataset_is_one_line(tmp_path, monkeypatch, capsys):
+    """A task whose dataset is not built: exit 2 and one line naming the build command."""
+    monkeypatch.setenv("T2T_DATA_DIR", str(tmp_path / "empty"))
+    code = main(["finetune", *[f"--gin_file={f}" for f in FT_GIN],
+                 f"--gin.MODEL_DIR={tmp_path / 'ft'}", "--gin.INITIAL_CHECKPOINT=None",
+                 "--gin.MIXTURE_OR_TASK_NAME='bbc_topic'", "--gin.TRAIN_STEPS=1",
+                 *[f"--gin={b}" for b in FT_BINDINGS]])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(
+        "t2t finetune: error: dataset 'bbc' is not built: run `t2t data build bbc` (details:")

@@ -35,12 +35,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 from tqdm.auto import tqdm
 
 from t2t.data.sources import SPLITS, split_of
+from t2t.errors import UserError
 
 MANIFEST = "manifest.json"
 
 
-class BuildError(RuntimeError):
-    """A dataset could not be built; the message says why and what to do."""
+class BuildError(UserError, RuntimeError):
+    """A dataset could not be built (or is not built yet); the message says why and what to
+    do. A UserError: the CLI prints it as one line."""
 
 
 def data_root(path: str | os.PathLike | None = None) -> Path:
