@@ -39,3 +39,34 @@ def set_default_platforms() -> None:
     choice = default_platforms()
     if choice:
         os.environ["JAX_PLATFORMS"] = choice
+
+
+# JAX's persistent compilation cache for the command line: a run that compiles the same
+# program as an earlier one (a resumed run, the next cell of a grid, `t2t eval` after
+# `t2t train`) reads the executable back instead of compiling it again.
+# T2T_COMPILATION_CACHE=DIR moves it, T2T_COMPILATION_CACHE=off turns it off.
+COMPILATION_CACHE_ENV = "T2T_COMPILATION_CACHE"
+DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "t2t", "jax_cache")
+
+
+def compilation_cache_dir(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The cache directory the command line should give JAX, or None: off, or already set
+    (JAX_COMPILATION_CACHE_DIR, or `jax_compilation_cache_dir` configured in-process)."""
+    setting = environ.get(COMPILATION_CACHE_ENV, DEFAULT_COMPILATION_CACHE).strip()
+    if setting.lower() in ("", "0", "off", "none", "false") or environ.get(
+            "JAX_COMPILATION_CACHE_DIR"):
+        return None
+    return os.path.expanduser(setting)
+
+
+def enable_compilation_cache() -> Optional[str]:
+    """Point JAX's persistent cache at `compilation_cache_dir()` unless something already
+    chose one; JAX's own threshold stays (programs that took ≥ 1 s to compile). Returns the
+    directory in use, or None."""
+    import jax
+    current = jax.config.jax_compilation_cache_dir
+    path = compilation_cache_dir()
+    if current or path is None:
+        return current
+    jax.config.update("jax_compilation_cache_dir", path)
+    return path

@@ -1,5 +1,7 @@
 """What a new user hits on the command line: every mistake is one line on stderr (exit 2)
 before anything compiles, with the traceback only in the log or behind --verbose."""
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -120,3 +122,27 @@ def test_default_platforms(monkeypatch, environ, libtpu, want):
     monkeypatch.setattr(platforms.glob, "glob", lambda pattern: [])
     monkeypatch.setattr(platforms.os.path, "isdir", lambda path: False)
     assert platforms.default_platforms(environ) == want
+
+
+@pytest.mark.parametrize("environ,want", [
+    ({}, os.path.expanduser("~/.cache/t2t/jax_cache")),              # the default
+    ({"T2T_COMPILATION_CACHE": "/data/jax"}, "/data/jax"),            # moved
+    ({"T2T_COMPILATION_CACHE": "off"}, None),                         # off
+    ({"JAX_COMPILATION_CACHE_DIR": "/elsewhere"}, None),              # JAX's own setting wins
+])
+def test_compilation_cache_dir(environ, want):
+    assert platforms.compilation_cache_dir(environ) == want
+
+
+def test_enable_compilation_cache_keeps_a_configured_directory(monkeypatch, tmp_path):
+    configured = jax.config.jax_compilation_cache_dir            # the suite's cache
+    assert configured
+    assert platforms.enable_compilation_cache() == configured
+    assert jax.config.jax_compilation_cache_dir == configured
+    monkeypatch.setenv("T2T_COMPILATION_CACHE", str(tmp_path))
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        assert platforms.enable_compilation_cache() == str(tmp_path)
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", configured)
