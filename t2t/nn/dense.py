@@ -60,8 +60,8 @@ def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
 
     The same sum as autodiff's, but the bias gradient (g summed over the leading dims) is
     computed as a product with a vector of ones, float32 accumulation: XLA:CPU runs it as one
-    matmul, where autodiff's reduction became a slow reduce-window (72 of them, ~6% of a
-    GPT-2 small bf16 step: benchmarks/README.md).
+    matmul, where autodiff's reduction became a slow reduce-window (72 of them in a GPT-2
+    small step: benchmarks/README.md).
     """
     return y + bias.astype(y.dtype)
 
