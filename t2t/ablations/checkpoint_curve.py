@@ -48,6 +48,51 @@ def content_only(batch: Dict[str, np.ndarray], vocab) -> Dict[str, np.ndarray]:
     return {**batch, weights_key: np.asarray(batch[weights_key]) * content}
 
 
+class HeldoutScorer:
+    """`score(params)` -> (loss over all targets, loss over content targets) on `batches`,
+    each the mean over batches of the run's own eval loss (as `Trainer.evaluate` gives it),
+    in one forward pass a batch: the two losses differ only in their target weights, and
+    XLA merges the two identical forward passes of the jitted function into one."""
+
+    def __init__(self, trainer, batches: List[Dict[str, np.ndarray]], vocab):
+        import jax
+        import jax.numpy as jnp
+
+        weights_key = next(w for i, w in unigram.TARGET_KEYS if i in batches[0])
+        model = trainer.model
+        self.trainer, self.weights_key = trainer, weights_key
+        self.batches = batches
+        self.content = [content_only(b, vocab)[weights_key] for b in batches]
+
+        def both(params, batch, content_weights):            # -> [2]
+            reweighted = {**batch, weights_key: content_weights}
+            return jnp.stack([model.loss_fn(params, b, None)[1]["loss"]
+                              for b in (batch, reweighted)])
+
+        self.jitted = jax.jit(both)
+
+    def lowered(self, params):
+        """The jitted scorer lowered for the first batch (for inspecting its HLO)."""
+        from t2t.train import partitioning
+        with partitioning.sharding_context(self.trainer.mesh, self.trainer.rules):
+            return self.jitted.lower(params, *self._inputs(0))
+
+    def _inputs(self, i: int):
+        batch = self.trainer.global_batch(self.batches[i])
+        content = self.trainer.global_batch({self.weights_key: self.content[i]})
+        return batch, content[self.weights_key]
+
+    def score(self, params) -> tuple[float, float]:
+        import jax
+
+        from t2t.train import partitioning
+        with partitioning.sharding_context(self.trainer.mesh, self.trainer.rules):
+            losses = [jax.device_get(self.jitted(params, *self._inputs(i)))
+                      for i in range(len(self.batches))]
+        loss, content = np.mean(losses, axis=0)
+        return float(loss), float(content)
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -121,17 +166,14 @@ class FeatureProbe:
                 "mean_cosine": mean_pairwise_cosine(val[:SIMILARITY_EXAMPLES])}
 
 
-def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
-              probe_examples: Optional[int] = None) -> List[Dict[str, Any]]:
-    """A row per step (0 = initialisation, then each kept checkpoint of `model_dir`): loss,
-    unigram_loss, content_loss, content_unigram_loss (nats per target) and, with
-    `probe_task`, probe_accuracy and mean_cosine (on `probe_examples` of each split)."""
+def load_experiment(model_dir: str):
+    """The pretraining's experiment, rebuilt from `model_dir/config.gin`, evaluating on its
+    task's `<task>_validation` twin (held-out documents)."""
     import gin
 
     from t2t.data import tasks as tasks_lib
     from t2t.run import experiment as experiment_lib
-    from t2t.run import finetune, gin_utils
-    from t2t.train.checkpoints import Checkpointer
+    from t2t.run import gin_utils
 
     config = os.path.join(model_dir, "config.gin")
     if not os.path.exists(config):
@@ -143,6 +185,18 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
     finally:
         gin.clear_config()
     exp.eval_task = tasks_lib.get_task(f"{exp.task.name}_validation")
+    return exp
+
+
+def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
+              probe_examples: Optional[int] = None) -> List[Dict[str, Any]]:
+    """A row per step (0 = initialisation, then each kept checkpoint of `model_dir`): loss,
+    unigram_loss, content_loss, content_unigram_loss (nats per target) and, with
+    `probe_task`, probe_accuracy and mean_cosine (on `probe_examples` of each split)."""
+    from t2t.run import finetune
+    from t2t.train.checkpoints import Checkpointer
+
+    exp = load_experiment(model_dir)
     heldout = list(itertools.islice(exp.eval_data(), batches))
     counts = unigram.training_counts(exp)
     content = [content_only(b, exp.eval_task.vocabulary) for b in heldout]
@@ -150,17 +204,17 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
     content_floor = unigram.unigram_loss(counts, content)
     probe = FeatureProbe(exp, probe_task, probe_examples) if probe_task else None
     target = exp.trainer.abstract_init(heldout[0]).params   # also sets the shardings
+    scorer = HeldoutScorer(exp.trainer, heldout, exp.eval_task.vocabulary)
     with Checkpointer(finetune.checkpoint_dir(model_dir), async_save=False) as ckpt:
         steps = ckpt.all_steps()
     rows = []
     for step in [0] + steps:
         params = (exp.trainer.init_state(heldout[0]).params if step == 0 else
                   finetune.restore_params(model_dir, target, step, what="MODEL_DIR"))
-        row = {"run": model_dir, "step": step,
-               "loss": exp.trainer.evaluate(params, iter(heldout), steps=None)["loss"],
-               "unigram_loss": floor,
-               "content_loss": exp.trainer.evaluate(params, iter(content), steps=None)["loss"],
-               "content_unigram_loss": content_floor, "heldout_batches": len(heldout)}
+        loss, content_loss = scorer.score(params)
+        row = {"run": model_dir, "step": step, "loss": loss, "unigram_loss": floor,
+               "content_loss": content_loss, "content_unigram_loss": content_floor,
+               "heldout_batches": len(heldout)}
         if probe is not None:
             row.update(probe.score(params), probe_task=probe_task)
         rows.append(row)

@@ -351,3 +351,26 @@ def test_the_checkpoint_curve_scores_each_kept_step_against_the_unigram_floor(ra
     # the frozen encoder probe: the paraphrase task's two labels, on 60 examples a split
     assert 0.0 <= last["probe_accuracy"] <= 100.0 and -1.0 <= last["mean_cosine"] <= 1.0
     assert round(last["probe_accuracy"] * 60 / 100, 6).is_integer()
+
+
+def test_heldout_scorer_is_two_evaluations_in_one_forward_pass(ran):
+    import itertools
+
+    from t2t.ablations import checkpoint_curve
+    from t2t.train import partitioning
+    grid, out, _ = ran
+    exp = checkpoint_curve.load_experiment(runner.pretrain_dir(out, grid, grid.cells[0], 0))
+    heldout = list(itertools.islice(exp.eval_data(), 2))
+    params = exp.trainer.init_state(heldout[0]).params
+    scorer = checkpoint_curve.HeldoutScorer(exp.trainer, heldout, exp.eval_task.vocabulary)
+    vocab = exp.eval_task.vocabulary
+    content = [checkpoint_curve.content_only(b, vocab) for b in heldout]
+    want = (exp.trainer.evaluate(params, iter(heldout), steps=None)["loss"],
+            exp.trainer.evaluate(params, iter(content), steps=None)["loss"])
+    np.testing.assert_allclose(scorer.score(params), want, rtol=1e-6)
+    # one forward pass: the scorer's program has as many matmuls as one evaluation step's
+    with partitioning.sharding_context(exp.trainer.mesh, exp.trainer.rules):
+        one_step = exp.trainer._eval_step.lower(params, exp.trainer.global_batch(heldout[0]))
+    dots = [text.count(" dot(") for text in (scorer.lowered(params).compile().as_text(),
+                                             one_step.compile().as_text())]
+    assert dots[0] == dots[1] > 0, dots
