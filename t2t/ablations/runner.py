@@ -61,6 +61,26 @@ def hardware() -> str:
             f"{platform.machine()}, {os.cpu_count()} cores)")
 
 
+def code_version() -> str:
+    """'t2t 0.1.0 @ a5748b3' in a git checkout ('+ local changes' when t2t/ or configs/
+    differ from that commit), else 't2t 0.1.0': which code a result came from, since a
+    stage's fingerprint hashes its config, not the code."""
+    import subprocess
+
+    import t2t
+    version = f"t2t {t2t.__version__}"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(t2t.__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True)
+        changes = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "t2t",
+                                  "configs"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return version
+    local = " + local changes" if changes.stdout.strip() else ""
+    return f"{version} @ {commit.stdout.strip()}{local}"
+
+
 def _read(path: str) -> Optional[Dict[str, Any]]:
     if not os.path.exists(path):
         return None
@@ -406,6 +426,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
               "labels": dict(cell.labels), "label": cell.label, "seed": seed,
               "pretrain": pre, "finetune": downstream, "hardware": hardware(),
+              "code": code_version(),
               **({} if cell.from_step is None else {"from_step": cell.from_step}),
               "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds")}

@@ -3,11 +3,13 @@ stages are cached (a rerun trains nothing), a lost or reconfigured stage reruns,
 renders our numbers beside the paper's with the P/M accounting."""
 import json
 import os
+import subprocess
 
 import jax
 import numpy as np
 import pytest
 
+import t2t
 from t2t.ablations import grid as grid_lib, report, runner
 from t2t.evaluation import unigram
 from t2t.cli import main
@@ -60,6 +62,11 @@ def test_every_cell_ran_every_stage(ran):
         assert os.path.exists(os.path.join(root, "pretrain", "config.gin"))
     families = {k: r[0]["pretrain"]["family"] for k, r in results.items()}
     assert families == {"encoder_decoder": "t5", "prefix_lm": "gpt"}
+    # which code produced the result: this checkout's commit
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=os.path.dirname(runner.__file__)).stdout.strip()
+    want = f"t2t {t2t.__version__}" + (f" @ {commit}" if commit else "")   # a checkout or not
+    assert results["encoder_decoder"][0]["code"].startswith(want)
 
 
 def test_finished_stages_are_cached_and_a_lost_one_reruns_alone(ran, monkeypatch):
