@@ -62,9 +62,9 @@ def hardware() -> str:
 
 
 def code_version() -> str:
-    """'t2t 0.1.0 @ a5748b3' in a git checkout ('+ local changes' when t2t/ or configs/
-    differ from that commit), else 't2t 0.1.0': which code a result came from, since a
-    stage's fingerprint hashes its config, not the code."""
+    """'t2t 0.1.0 @ a5748b3' in a git checkout ('+ local changes' when t2t/, its configs
+    included, differs from that commit), else 't2t 0.1.0': which code a result came from,
+    since a stage's fingerprint hashes its config, not the code."""
     import subprocess
 
     import t2t
@@ -73,8 +73,8 @@ def code_version() -> str:
     try:
         commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, timeout=10, check=True)
-        changes = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "t2t",
-                                  "configs"], capture_output=True, text=True, timeout=10)
+        changes = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "t2t"],
+                                 capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return version
     local = " + local changes" if changes.stdout.strip() else ""
