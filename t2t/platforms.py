@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import sys
 from typing import Mapping, Optional
 
 # Set on Cloud TPU VMs (and by `t2t launch`); any of them means "this host has TPUs".
@@ -35,10 +36,13 @@ def default_platforms(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 
 
 def set_default_platforms() -> None:
-    """Apply `default_platforms()` to this process (call before JAX starts a backend)."""
+    """Apply `default_platforms()` to this process (call before JAX starts a backend; JAX
+    may already be imported)."""
     choice = default_platforms()
     if choice:
         os.environ["JAX_PLATFORMS"] = choice
+        if "jax" in sys.modules:          # imported already: its config read the env then
+            sys.modules["jax"].config.update("jax_platforms", choice)
 
 
 # JAX's persistent compilation cache for the command line: a run that compiles the same

@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from t2t import platforms
 from t2t.errors import ConfigError
 from t2t.evaluation import unigram
 
@@ -252,6 +253,7 @@ def main(argv=None) -> int:
                         help="probe on the first N examples of each split (default: all)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
+    platforms.set_default_platforms()        # as the `t2t` command line does
     try:
         rows = [r for d in args.model_dirs
                 for r in run_curve(d, args.batches, args.probe_task, args.probe_examples)]

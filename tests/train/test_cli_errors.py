@@ -146,3 +146,17 @@ def test_enable_compilation_cache_keeps_a_configured_directory(monkeypatch, tmp_
         assert jax.config.jax_compilation_cache_dir == str(tmp_path)
     finally:
         jax.config.update("jax_compilation_cache_dir", configured)
+
+
+def test_set_default_platforms_reaches_an_imported_jax(monkeypatch):
+    """`python -m` tools import JAX before they choose platforms: the choice must still land
+    in JAX's config, not only in the environment JAX read at import."""
+    monkeypatch.setattr(platforms, "default_platforms", lambda: "cpu")
+    monkeypatch.setenv("JAX_PLATFORMS", "")
+    before = jax.config.jax_platforms
+    try:
+        jax.config.update("jax_platforms", None)
+        platforms.set_default_platforms()
+        assert jax.config.jax_platforms == "cpu" and os.environ["JAX_PLATFORMS"] == "cpu"
+    finally:
+        jax.config.update("jax_platforms", before)
