@@ -54,8 +54,8 @@ DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "t2t", "jax_cache")
 
 
 def compilation_cache_dir(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """The cache directory the command line should give JAX, or None: off, or already set
-    (JAX_COMPILATION_CACHE_DIR, or `jax_compilation_cache_dir` configured in-process)."""
+    """The cache directory the command line should give JAX, or None: turned off, or left
+    to JAX's own JAX_COMPILATION_CACHE_DIR."""
     setting = environ.get(COMPILATION_CACHE_ENV, DEFAULT_COMPILATION_CACHE).strip()
     if setting.lower() in ("", "0", "off", "none", "false") or environ.get(
             "JAX_COMPILATION_CACHE_DIR"):

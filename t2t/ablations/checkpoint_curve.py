@@ -50,12 +50,14 @@ def content_only(batch: Dict[str, np.ndarray], vocab) -> Dict[str, np.ndarray]:
 
 
 class HeldoutScorer:
-    """`score(params)` -> (loss over all targets, loss over content targets) on `batches`,
-    each the mean over batches of the run's own eval loss (as `Trainer.evaluate` gives it),
-    in one forward pass a batch: the two losses differ only in their target weights, and
-    XLA merges the two identical forward passes of the jitted function into one."""
+    """`score(params)` -> (loss over all targets, loss over content targets) on `batches`
+    and their `content_only` twins, each the mean over batches of the run's own eval loss
+    (as `Trainer.evaluate` gives it), in one forward pass a batch: the two losses differ
+    only in their target weights, and XLA merges the two identical forward passes of the
+    jitted function into one."""
 
-    def __init__(self, trainer, batches: List[Dict[str, np.ndarray]], vocab):
+    def __init__(self, trainer, batches: List[Dict[str, np.ndarray]],
+                 content: List[Dict[str, np.ndarray]]):
         import jax
         import jax.numpy as jnp
 
@@ -63,7 +65,7 @@ class HeldoutScorer:
         model = trainer.model
         self.trainer, self.weights_key = trainer, weights_key
         self.batches = batches
-        self.content = [content_only(b, vocab)[weights_key] for b in batches]
+        self.content = [b[weights_key] for b in content]
 
         def both(params, batch, content_weights):            # -> [2]
             reweighted = {**batch, weights_key: content_weights}
@@ -205,7 +207,7 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
     content_floor = unigram.unigram_loss(counts, content)
     probe = FeatureProbe(exp, probe_task, probe_examples) if probe_task else None
     target = exp.trainer.abstract_init(heldout[0]).params   # also sets the shardings
-    scorer = HeldoutScorer(exp.trainer, heldout, exp.eval_task.vocabulary)
+    scorer = HeldoutScorer(exp.trainer, heldout, content)
     with Checkpointer(finetune.checkpoint_dir(model_dir), async_save=False) as ckpt:
         steps = ckpt.all_steps()
     rows = []

@@ -369,9 +369,9 @@ def test_heldout_scorer_is_two_evaluations_in_one_forward_pass(ran):
     exp = checkpoint_curve.load_experiment(runner.pretrain_dir(out, grid, grid.cells[0], 0))
     heldout = list(itertools.islice(exp.eval_data(), 2))
     params = exp.trainer.init_state(heldout[0]).params
-    scorer = checkpoint_curve.HeldoutScorer(exp.trainer, heldout, exp.eval_task.vocabulary)
     vocab = exp.eval_task.vocabulary
     content = [checkpoint_curve.content_only(b, vocab) for b in heldout]
+    scorer = checkpoint_curve.HeldoutScorer(exp.trainer, heldout, content)
     want = (exp.trainer.evaluate(params, iter(heldout), steps=None)["loss"],
             exp.trainer.evaluate(params, iter(content), steps=None)["loss"])
     np.testing.assert_allclose(scorer.score(params), want, rtol=1e-6)
