@@ -22,6 +22,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from t2t.errors import UserError
 from t2t.train import chips as chips_lib
@@ -346,13 +347,17 @@ def largest_buffers(trainer: Trainer, state, dump_dir: str, n: int = 3) -> List[
 
 @contextlib.contextmanager
 def _no_compilation_cache() -> Iterator[None]:
-    """JAX's persistent cache cannot load executables of compile-only devices: skip it."""
+    """JAX's persistent cache cannot load executables of compile-only devices: skip it.
+    JAX decides once per process whether the cache is in use, so the decision is reset on
+    the way in and out (a process that already used the cache would otherwise read it)."""
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
 
 
 def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: chips_lib.Slice,
