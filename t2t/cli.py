@@ -399,9 +399,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bindings, rest = _gin_args(argv)
     args = build_parser().parse_args(rest)
     args.gin_bindings = bindings
-    if args.command != "compile":   # AOT executables for compile-only devices are not cached
-        platforms.enable_compilation_cache()
     try:
+        if args.command != "compile":   # AOT executables for compile-only devices: not cached
+            platforms.enable_compilation_cache()
         return args.func(args)
     except KeyboardInterrupt:
         if verbose:

@@ -8,11 +8,14 @@ plugin is installed) explicitly. `JAX_PLATFORMS` set by the user always wins.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
 import sys
 from typing import Mapping, Optional
+
+from t2t.errors import UserError
 
 # Set on Cloud TPU VMs (and by `t2t launch`); any of them means "this host has TPUs".
 TPU_ENV = ("TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID", "TPU_ACCELERATOR_TYPE", "TPU_NAME")
@@ -48,9 +51,12 @@ def set_default_platforms() -> None:
 # JAX's persistent compilation cache for the command line: a run that compiles the same
 # program as an earlier one (a resumed run, the next cell of a grid, `t2t eval` after
 # `t2t train`) reads the executable back instead of compiling it again.
-# T2T_COMPILATION_CACHE=DIR moves it, T2T_COMPILATION_CACHE=off turns it off.
+# T2T_COMPILATION_CACHE=DIR moves it, T2T_COMPILATION_CACHE=off turns it off. Its size is
+# kept under T2T_COMPILATION_CACHE_MAX_GB (default 4) by dropping the entries used longest ago.
 COMPILATION_CACHE_ENV = "T2T_COMPILATION_CACHE"
 DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "t2t", "jax_cache")
+CACHE_MAX_GB_ENV = "T2T_COMPILATION_CACHE_MAX_GB"
+DEFAULT_CACHE_MAX_GB = 4.0
 
 
 def compilation_cache_dir(environ: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -65,12 +71,48 @@ def compilation_cache_dir(environ: Mapping[str, str] = os.environ) -> Optional[s
 
 def enable_compilation_cache() -> Optional[str]:
     """Point JAX's persistent cache at `compilation_cache_dir()` unless something already
-    chose one; JAX's own threshold stays (programs that took ≥ 1 s to compile). Returns the
-    directory in use, or None."""
+    chose one, pruned to `cache_max_bytes()`; JAX's own threshold stays (programs that took
+    ≥ 1 s to compile). Returns the directory in use, or None."""
     import jax
     current = jax.config.jax_compilation_cache_dir
     path = compilation_cache_dir()
     if current or path is None:
         return current
+    max_bytes = cache_max_bytes()
     jax.config.update("jax_compilation_cache_dir", path)
+    prune_compilation_cache(path, max_bytes)
     return path
+
+
+def cache_max_bytes(environ: Mapping[str, str] = os.environ) -> int:
+    """T2T_COMPILATION_CACHE_MAX_GB in bytes (default 4 GB)."""
+    setting = environ.get(CACHE_MAX_GB_ENV, "").strip()
+    try:
+        gigabytes = float(setting) if setting else DEFAULT_CACHE_MAX_GB
+    except ValueError:
+        raise UserError(f"{CACHE_MAX_GB_ENV}={setting!r} is not a number of gigabytes; "
+                        f"set it to e.g. 4, or unset it") from None
+    return int(gigabytes * 1e9)
+
+
+def prune_compilation_cache(path: str, max_bytes: int) -> int:
+    """Delete the cache's least recently used entries (by access, else modification time)
+    until its files take at most `max_bytes`; returns how many were deleted. JAX's own
+    limit (jax_compilation_cache_max_size) would take a file lock on every read and needs
+    access-time files that a cache written without it lacks."""
+    entries = []
+    with os.scandir(path) if os.path.isdir(path) else contextlib.nullcontext([]) as files:
+        for entry in files:
+            if entry.is_file(follow_symlinks=False):
+                stat = entry.stat(follow_symlinks=False)
+                entries.append((max(stat.st_atime, stat.st_mtime), stat.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    deleted = 0
+    for _, size, file in sorted(entries):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(FileNotFoundError):   # another process got there first
+            os.remove(file)
+        total -= size
+        deleted += 1
+    return deleted

@@ -160,3 +160,33 @@ def test_set_default_platforms_reaches_an_imported_jax(monkeypatch):
         assert jax.config.jax_platforms == "cpu" and os.environ["JAX_PLATFORMS"] == "cpu"
     finally:
         jax.config.update("jax_platforms", before)
+
+
+def test_the_compilation_cache_is_pruned_least_recently_used_first(tmp_path):
+    for i in range(5):                              # entry i last used at time 1000 + i
+        entry = tmp_path / f"entry{i}-cache"
+        entry.write_bytes(b"x" * 100)
+        os.utime(entry, (1000 + i, 1000 + i))
+    assert platforms.prune_compilation_cache(str(tmp_path), 500) == 0    # 500 bytes fit
+    os.utime(tmp_path / "entry0-cache", (2000, 1000))                    # entry0 read lately
+    assert platforms.prune_compilation_cache(str(tmp_path), 250) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry0-cache", "entry4-cache"]
+    assert platforms.prune_compilation_cache(str(tmp_path / "absent"), 0) == 0
+
+
+@pytest.mark.parametrize("setting,want", [("", 4e9), ("0.5", 5e8), ("12", 12e9)])
+def test_cache_max_bytes(setting, want):
+    assert platforms.cache_max_bytes({"T2T_COMPILATION_CACHE_MAX_GB": setting}) == want
+
+
+def test_a_bad_cache_limit_is_one_line_before_anything_runs(monkeypatch, tmp_path, capsys):
+    configured = jax.config.jax_compilation_cache_dir            # the suite's cache
+    monkeypatch.setenv("T2T_COMPILATION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("T2T_COMPILATION_CACHE_MAX_GB", "four")
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run"]) == 2
+    finally:
+        jax.config.update("jax_compilation_cache_dir", configured)
+    assert "T2T_COMPILATION_CACHE_MAX_GB='four' is not a number" in _one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
