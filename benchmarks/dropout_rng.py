@@ -1,5 +1,9 @@
 """Train-step time of a dropout-0.1 T5 with dropout masks from each PRNG implementation.
 
+The threefry2x32 rows compare t2t's masks (`t2t.nn.dropout.keep_mask`: the same bits with
+Threefry's 20 rounds written out) with `jax.random.bernoulli`, whose CPU lowering runs the
+rounds as a loop of 5 (the variant patches t2t to fall back to it while the step compiles).
+
 The T5 1.0 architecture at the `tiny` ablation size (d_model 128, 2+2 layers, 4 heads of 32,
 d_ff 512, the 8k Bible vocabulary), span-corruption batch 32 x (inputs + targets), the full t2t
 train step (Trainer: forward, backward, Adafactor, donation). ``TrainConfig.dropout_rng_impl``
@@ -21,9 +25,14 @@ import _common  # noqa: E402
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
-def step_fn(impl: str, dropout: float, inputs: int, targets: int):
-    """A zero-argument function running one train step (state carried between calls)."""
+def step_fn(impl: str, dropout: float, inputs: int, targets: int, jax_masks: bool = False):
+    """A zero-argument function running one train step (state carried between calls);
+    `jax_masks`: compiled with jax.random.bernoulli's masks instead of t2t's."""
+    import contextlib
+    from unittest import mock
+
     import jax
+    from t2t.nn import dropout as t2t_dropout
     from t2t.run import gin_utils
     from t2t.run import experiment
     gin_utils.parse(
@@ -41,6 +50,9 @@ def step_fn(impl: str, dropout: float, inputs: int, targets: int):
     def run():
         box[0], metrics = exp.trainer.train_step(box[0], batch)
         jax.block_until_ready(metrics["loss"])
+    with (mock.patch.object(t2t_dropout, "_threefry_words", lambda key: None) if jax_masks
+          else contextlib.nullcontext()):
+        run()                                        # compiles the step
     return run
 
 
@@ -53,9 +65,11 @@ def main() -> None:
     args = parser.parse_args()
     shape = (args.inputs, args.targets)
     fns = {f"{impl}, dropout 0.1": step_fn(impl, 0.1, *shape) for impl in IMPLS}
+    fns["threefry2x32 via jax.random.bernoulli, dropout 0.1"] = step_fn(
+        "threefry2x32", 0.1, *shape, jax_masks=True)
     fns["no dropout"] = step_fn("threefry2x32", 0.0, *shape)
     times = _common.interleaved(fns, args.rounds, warmup=2)
-    base = _common.median(times["threefry2x32, dropout 0.1"])
+    base = _common.median(times["threefry2x32 via jax.random.bernoulli, dropout 0.1"])
     rows = [[name, f"{_common.median(t):.3f}", f"{base / _common.median(t):.2f}x"]
             for name, t in times.items()]
     table = _common.markdown_table(["dropout masks", "median step (s)", "speed-up"], rows)

@@ -40,6 +40,7 @@ from t2t.errors import ConfigError, UserError
 from t2t.models import losses
 from t2t.models.base import Batch, LossConfig, Metrics, Model
 from t2t.models.probing import ScalarMix
+from t2t.nn.dropout import Dropout
 
 Params = Any
 GATES = "ifgo"                   # flax's OptimizedLSTMCell gate names: i, f, g, o
@@ -185,7 +186,7 @@ class BiLM(nn.Module):
         lengths = jnp.sum(token_ids > 0, axis=-1).astype(jnp.int32)           # [b]
         mask = (token_ids > 0)[..., None]                                     # [b, l, 1]
         tokens = CharacterEncoder(cfg, name="char_encoder")(char_ids) * mask  # [b, l, p]
-        dropout = nn.Dropout(cfg.dropout_rate)
+        dropout = Dropout(cfg.dropout_rate)
         layers = [jnp.concatenate([tokens, tokens], axis=-1)]                 # [b, l, 2p]
         inputs = {"forward": tokens, "backward": tokens}
         for j in range(cfg.num_layers):
@@ -307,7 +308,7 @@ class ElmoMixClassifier(nn.Module):
         mixed = ScalarMix(self.num_layers, name="scalar_mix")(layers)         # [b, l, d]
         w = (token_ids > 0).astype(mixed.dtype)[..., None]                    # [b, l, 1]
         pooled = jnp.sum(mixed * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
-        pooled = nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
+        pooled = Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
         return nn.Dense(self.num_classes, name="classifier")(pooled)          # [b, C]
 
 

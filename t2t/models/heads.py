@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.embed import Embed
 from t2t.nn.mlp import get_activation
 from t2t.nn.norms import make_norm
@@ -60,6 +61,6 @@ class Classifier(nn.Module):
     def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
         cfg = self.config
         rate = cfg.dropout_rate if self.dropout_rate is None else self.dropout_rate
-        x = nn.Dropout(rate)(x, deterministic=deterministic)
+        x = Dropout(rate)(x, deterministic=deterministic)
         return Dense(self.num_classes, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
                      param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="dense")(x)

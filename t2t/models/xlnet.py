@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from t2t.errors import ConfigError
 from t2t.models.base import LossConfig, Model
 from t2t.nn.config import TransformerConfig
+from t2t.nn.dropout import Dropout
 from t2t.nn.embed import token_embed
 from t2t.nn.relative_xl import ATTENTION_TYPES, relative_distances, relative_encoding
 from t2t.nn.two_stream import TwoStreamLayer, perm_mask_from_ranks, stream_visibility
@@ -81,7 +82,7 @@ class XLNet(nn.Module):
         if self.lm_head:
             self.lm_bias = self.param("lm_bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
         self.layers = [TwoStreamLayer(cfg, name=f"layer_{i}")
                        for i in range(cfg.num_encoder_layers)]
 

@@ -25,6 +25,7 @@ from t2t.models.classifiers import MultipleChoice, Params, SequenceClassifier, _
 from t2t.models.xlnet import XLNet, XLNetOptions
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 
 SEG_ID_CLS = 2   # the [CLS]'s segment id in the released code (data_utils.py)
 SEG_ID_PAD = 4   # padding's (masked out anyway)
@@ -66,7 +67,7 @@ class SequenceSummary(nn.Module):
         dense = Dense(cfg.d_model, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
                       param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="summary")
         summary = jnp.tanh(dense(hidden[:, -1]))
-        return nn.Dropout(self.dropout_rate)(summary, deterministic=deterministic)
+        return Dropout(self.dropout_rate)(summary, deterministic=deterministic)
 
 
 class XLNetClassifierHead(nn.Module):

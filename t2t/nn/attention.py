@@ -11,6 +11,7 @@ from jax import lax
 from t2t.nn import attention_kernels, mixed_einsum
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import keep_mask
 from t2t.nn.linformer import LowRankKeys
 from t2t.nn.position import apply_rotary
 from t2t.nn.residual import fixup_bias, fixup_init
@@ -98,7 +99,7 @@ def attend(logits, v, mask, *, dropout_rate, dropout_rng, deterministic, dtype):
         logits = jnp.where(mask, logits, BIG_NEG)
     weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
     if not deterministic and dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        keep = keep_mask(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(dtype)
     return mixed_einsum.einsum("bhqk,bkhd->bqhd", weights, v, dtype).astype(dtype)
 

@@ -16,6 +16,7 @@ import jax
 from t2t.nn.adapter import Adapter
 from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
+from t2t.nn.dropout import Dropout
 from t2t.nn.lightweight_conv import ConvolutionBlock
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.moe import MoeBlock
@@ -67,7 +68,7 @@ class TransformerLayer(LayerFields):
         self.self_attention_norm = make_norm(cfg, "self_attention_norm")
         self.cross_attention_norm = make_norm(cfg, "cross_attention_norm")
         self.mlp_norm = make_norm(cfg, "mlp_norm")
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
         gate = lambda name: (ResidualGate(cfg, name=name)  # noqa: E731  ReZero / Fixup
                              if cfg.residual_scaling != "none" else None)
         self.self_attention_gate = gate("self_attention_gate")

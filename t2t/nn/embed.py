@@ -11,6 +11,7 @@ from t2t.nn import mixed_einsum
 from t2t.nn.adaptive_input import AdaptiveInput
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, embedding_init, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.norms import make_norm
 from t2t.nn.position import sinusoidal
 
@@ -97,7 +98,7 @@ class Embedder(nn.Module):
                           embedding_init=embedding_init(cfg), name="type_embedder")(token_type_ids)
         if cfg.embedding_norm:
             x = make_norm(cfg, "embedding_norm")(x)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 

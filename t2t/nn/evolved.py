@@ -40,6 +40,7 @@ from t2t.nn.blocks import LayerFields
 from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.lightweight_conv import cached_inputs, conv_windows
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.norms import make_norm
@@ -106,10 +107,10 @@ class EvolvedLayer(LayerFields):
     def _residual(self, x, name, fn):
         """x + Dropout(fn(LN x))."""
         h = make_norm(self.config, f"{name}_norm")(x)
-        return x + nn.Dropout(self.config.dropout_rate)(fn(h), deterministic=self.deterministic)
+        return x + Dropout(self.config.dropout_rate)(fn(h), deterministic=self.deterministic)
 
     def _drop(self, x):
-        return nn.Dropout(self.config.dropout_rate)(x, deterministic=self.deterministic)
+        return Dropout(self.config.dropout_rate)(x, deterministic=self.deterministic)
 
     def _attention(self, name, heads=None, decode=False):
         cfg = self.config if heads is None else self.config.replace(num_heads=heads)

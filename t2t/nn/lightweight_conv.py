@@ -34,6 +34,7 @@ from t2t.errors import ConfigError
 from t2t.nn import attention_kernels
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import keep_mask
 
 
 def check_convolution_config(cfg: TransformerConfig) -> None:
@@ -127,8 +128,7 @@ class ConvolutionBlock(nn.Module):
         weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)            # eq. 2
         rate = cfg.attn_dropout_rate
         if not self.deterministic and rate > 0.0:                               # DropConnect
-            keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - rate,
-                                        jnp.broadcast_to(weights, u.shape[:2] + (h, k)).shape)
+            keep = keep_mask(self.make_rng("dropout"), 1.0 - rate, u.shape[:2] + (h, k))
             weights = jnp.where(keep, weights / (1.0 - rate), 0.0)
         left = k - 1 if self.causal else (k - 1) // 2
         keys, start = cached_inputs(self, u, self.decode, decode_index)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.residual import fixup_bias, fixup_init
 
 ACTIVATIONS: Dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -70,7 +71,7 @@ class MlpBlock(nn.Module):
             y = get_activation(act)(fixup_bias(self, f"fixup_bias_{name}", y))
             h = y if h is None else h * y
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-        h = nn.Dropout(cfg.mlp_dropout_rate)(h, deterministic=self.deterministic)
+        h = Dropout(cfg.mlp_dropout_rate)(h, deterministic=self.deterministic)
         h = fixup_bias(self, "fixup_bias_wo", h)
         return dense(cfg.d_model, ("mlp", "embed"), "wo",         # the branch's last layer
                      fixup_init(cfg, kernel_init(cfg), last=True))(h)   # starts at 0

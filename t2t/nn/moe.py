@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from t2t.nn import mixed_einsum
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.mlp import get_activation
 
 MOE_COLLECTION = "moe"
@@ -205,7 +206,7 @@ class MoeBlock(nn.Module):
                                                 name=name)(h))
             hidden = y if hidden is None else hidden * y
         hidden = nn.with_logical_constraint(hidden, ("expert", "expert_group", "length", "mlp"))
-        hidden = nn.Dropout(cfg.mlp_dropout_rate)(hidden, deterministic=self.deterministic)
+        hidden = Dropout(cfg.mlp_dropout_rate)(hidden, deterministic=self.deterministic)
         out = ExpertDense(cfg, x.shape[-1], ("expert", "mlp", "embed"), name="wo")(hidden)
         out = nn.with_logical_constraint(out, dispatched_axes)        # [e, g, c, embed]
         y = mixed_einsum.einsum("gsec,egcm->gsm", r.combine, out, dt,

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from t2t.nn.attention import BIG_NEG
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.norms import make_norm
 
 ATTENTION_TYPES = ("bi", "uni")
@@ -103,8 +104,8 @@ class RelativeAttention(nn.Module):
                 nn.initializers.normal(cfg.initializer_range), (None, "heads", "kv")),
             (2,) + head, cfg.params_dtype)
         self.norm = make_norm(cfg, "norm")
-        self.dropout = nn.Dropout(cfg.dropout_rate)
-        self.attention_dropout = nn.Dropout(cfg.attn_dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
+        self.attention_dropout = Dropout(cfg.attn_dropout_rate)
 
     def keys(self, context: jax.Array, rel: jax.Array
              ) -> Tuple[jax.Array, jax.Array, jax.Array]:

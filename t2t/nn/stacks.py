@@ -17,6 +17,7 @@ from t2t.nn.attention_kernels import structured_mask
 from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.embed import Embed, Embedder, project_embeddings, token_embed
 from t2t.nn.evolved import EvolvedLayer
 from t2t.nn.funnel import FunnelStack, pool_segments_to
@@ -131,7 +132,7 @@ def _final_norm(cfg: TransformerConfig, x, deterministic):
     if not cfg.pre_norm:
         return x
     x = make_norm(cfg, "final_norm")(x)
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class Encoder(nn.Module):

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from t2t.nn.config import TransformerConfig
+from t2t.nn.dropout import Dropout
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.norms import make_norm
 from t2t.nn.relative_xl import RelativeAttention
@@ -108,7 +109,7 @@ class TwoStreamLayer(nn.Module):
 
         mlp = MlpBlock(cfg, deterministic, name="mlp")
         norm = make_norm(cfg, "mlp_norm")
-        dropout = nn.Dropout(cfg.dropout_rate)
+        dropout = Dropout(cfg.dropout_rate)
 
         def feed_forward(x):
             return norm(x + dropout(mlp(x), deterministic=deterministic))

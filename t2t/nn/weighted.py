@@ -32,6 +32,7 @@ from t2t.nn.blocks import LayerFields
 from t2t.nn.attention import dot_product_attention
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
+from t2t.nn.dropout import Dropout
 from t2t.nn.mlp import MlpBlock
 from t2t.nn.norms import make_norm
 
@@ -131,7 +132,7 @@ class WeightedLayer(LayerFields):
     def __call__(self, x, encoded=None, self_mask=None, self_bias=None, cross_mask=None,
                  positions=None, decode_index=None, self_kv=None):
         cfg = self.config
-        drop = nn.Dropout(cfg.dropout_rate)
+        drop = Dropout(cfg.dropout_rate)
 
         def sublayer(x, name, fn):
             norm = make_norm(cfg, f"{name}_norm")
