@@ -5,12 +5,14 @@ Threefry's 20 rounds written out) with `jax.random.bernoulli`, whose CPU lowerin
 rounds as a loop of 5 (the variant patches t2t to fall back to it while the step compiles).
 
 The T5 1.0 architecture at the `tiny` ablation size (d_model 128, 2+2 layers, 4 heads of 32,
-d_ff 512, the 8k Bible vocabulary), span-corruption batch 32 x (inputs + targets), the full t2t
+d_ff 512, the 8k Bible vocabulary) or, with `--scale micro`, the `micro` one (d_model 256,
+4+4 layers, the micro corpus's 16k vocabulary: `t2t data build micro_corpus`),
+span-corruption batch 32 x (inputs + targets), the full t2t
 train step (Trainer: forward, backward, Adafactor, donation). ``TrainConfig.dropout_rng_impl``
 picks the generator of the dropout masks; parameter init is the same for all. Timed
 interleaved (A, B, C, A, B, C, ...) so machine load hits every variant alike.
 
-    python benchmarks/dropout_rng.py [--rounds 5] [--no-write]
+    python benchmarks/dropout_rng.py [--rounds 5] [--scale micro --inputs 128 --targets 64]
 """
 from __future__ import annotations
 
@@ -25,7 +27,12 @@ import _common  # noqa: E402
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
-def step_fn(impl: str, dropout: float, inputs: int, targets: int, jax_masks: bool = False):
+SCALES = {"tiny": ("ablations/scales/t5_tiny_model.gin", "bible_web"),
+          "micro": ("ablations/scales/t5_micro_model.gin", "micro")}
+
+
+def step_fn(impl: str, dropout: float, inputs: int, targets: int, jax_masks: bool = False,
+            scale: str = "tiny"):
     """A zero-argument function running one train step (state carried between calls);
     `jax_masks`: compiled with jax.random.bernoulli's masks instead of t2t's."""
     import contextlib
@@ -36,9 +43,9 @@ def step_fn(impl: str, dropout: float, inputs: int, targets: int, jax_masks: boo
     from t2t.run import gin_utils
     from t2t.run import experiment
     gin_utils.parse(
-        ["runs/pretrain.gin", "hardware/cpu.gin", "ablations/scales/t5_tiny_model.gin",
+        ["runs/pretrain.gin", "hardware/cpu.gin", SCALES[scale][0],
          "objectives/iid_15_u_u.gin"],
-        ["MODEL_DIR = '/tmp/t2t_dropout_rng'", "BATCH_SIZE = 32", "CORPUS = 'bible_web'",
+        ["MODEL_DIR = '/tmp/t2t_dropout_rng'", "BATCH_SIZE = 32", f"CORPUS = {SCALES[scale][1]!r}",
          f"TASK_FEATURE_LENGTHS = {{'inputs': {inputs}, 'targets': {targets}}}",
          f"TransformerConfig.dropout_rate = {dropout}",
          f"TransformerConfig.mlp_dropout_rate = {dropout}",
@@ -61,13 +68,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument("--targets", type=int, default=32)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     shape = (args.inputs, args.targets)
-    fns = {f"{impl}, dropout 0.1": step_fn(impl, 0.1, *shape) for impl in IMPLS}
+    scale = {"scale": args.scale}
+    fns = {f"{impl}, dropout 0.1": step_fn(impl, 0.1, *shape, **scale) for impl in IMPLS}
     fns["threefry2x32 via jax.random.bernoulli, dropout 0.1"] = step_fn(
-        "threefry2x32", 0.1, *shape, jax_masks=True)
-    fns["no dropout"] = step_fn("threefry2x32", 0.0, *shape)
+        "threefry2x32", 0.1, *shape, jax_masks=True, **scale)
+    fns["no dropout"] = step_fn("threefry2x32", 0.0, *shape, **scale)
     times = _common.interleaved(fns, args.rounds, warmup=2)
     base = _common.median(times["threefry2x32 via jax.random.bernoulli, dropout 0.1"])
     rows = [[name, f"{_common.median(t):.3f}", f"{base / _common.median(t):.2f}x"]
@@ -76,10 +85,11 @@ def main() -> None:
     print(table)
     if not args.no_write:
         _common.append_results(
-            "Dropout PRNG: train step of the tiny-ablation T5 (dropout 0.1)",
+            f"Dropout PRNG: train step of the {args.scale}-ablation T5 (dropout 0.1)",
             f"{_common.machine_line('jax', 'flax')} Load: {_common.loadavg()}.\n"
-            f"`python benchmarks/dropout_rng.py --rounds {args.rounds} --inputs {args.inputs} "
-            f"--targets {args.targets}`: batch 32 x ({args.inputs} + {args.targets}), median "
+            f"`python benchmarks/dropout_rng.py --rounds {args.rounds} --scale {args.scale} "
+            f"--inputs {args.inputs} --targets {args.targets}`: batch 32 x ({args.inputs} + "
+            f"{args.targets}), median "
             f"of {args.rounds} interleaved rounds.\n\n{table}")
 
 
