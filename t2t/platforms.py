@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib.util
+import math
 import os
 import sys
 from typing import Mapping, Optional
@@ -90,8 +91,10 @@ def cache_max_bytes(environ: Mapping[str, str] = os.environ) -> int:
     try:
         gigabytes = float(setting) if setting else DEFAULT_CACHE_MAX_GB
     except ValueError:
+        gigabytes = math.nan
+    if not 0 <= gigabytes < math.inf:
         raise UserError(f"{CACHE_MAX_GB_ENV}={setting!r} is not a number of gigabytes; "
-                        f"set it to e.g. 4, or unset it") from None
+                        f"set it to e.g. 4, or unset it")
     return int(gigabytes * 1e9)
 
 
@@ -100,8 +103,10 @@ def prune_compilation_cache(path: str, max_bytes: int) -> int:
     until its files take at most `max_bytes`; returns how many were deleted. JAX's own
     limit (jax_compilation_cache_max_size) would take a file lock on every read and needs
     access-time files that a cache written without it lacks."""
+    if not os.path.isdir(path):
+        return 0
     entries = []
-    with os.scandir(path) if os.path.isdir(path) else contextlib.nullcontext([]) as files:
+    with os.scandir(path) as files:
         for entry in files:
             if entry.is_file(follow_symlinks=False):
                 stat = entry.stat(follow_symlinks=False)

@@ -179,6 +179,12 @@ def test_cache_max_bytes(setting, want):
     assert platforms.cache_max_bytes({"T2T_COMPILATION_CACHE_MAX_GB": setting}) == want
 
 
+@pytest.mark.parametrize("setting", ["four", "inf", "nan", "-1"])
+def test_cache_max_bytes_refuses_what_is_not_a_size(setting):
+    with pytest.raises(errors.UserError, match="is not a number of gigabytes"):
+        platforms.cache_max_bytes({"T2T_COMPILATION_CACHE_MAX_GB": setting})
+
+
 def test_a_bad_cache_limit_is_one_line_before_anything_runs(monkeypatch, tmp_path, capsys):
     configured = jax.config.jax_compilation_cache_dir            # the suite's cache
     monkeypatch.setenv("T2T_COMPILATION_CACHE", str(tmp_path / "cache"))
