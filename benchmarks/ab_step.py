@@ -10,9 +10,10 @@ Levers (A and B: the variants compared; a patch is applied while its variant is 
 
   bf16_backward        dtype="bfloat16" with the custom-VJP matmuls (t2t.nn.mixed_einsum)
                        vs plain autodiff of the bf16 forward (backward dots float32 x float32)
-  f32_backward_layout  float32 through the custom VJP's explicit backward layouts vs float32
-                       as committed, plain autodiff (kernel gradients as dots contracting
-                       a leading dim); did not pay (benchmarks/README.md)
+  f32_backward_layout  float32 as committed (Dense products through the custom VJP's
+                       explicit backward layouts) vs plain autodiff (kernel gradients as
+                       dots contracting a leading dim, the activation's backward written
+                       out transposed)
   vs_hf_flax           not a lever: t2t float32 vs HF Flax float32, the CPU work of each step
 
     python benchmarks/ab_step.py --model gpt --lever bf16_backward [--rounds 6]
@@ -35,12 +36,13 @@ import train_step  # noqa: E402
 
 @contextlib.contextmanager
 def _plain_autodiff_einsum():
-    """t2t.nn.mixed_einsum.einsum as the plain bf16 product: autodiff's float32 backward."""
+    """t2t.nn.mixed_einsum.einsum as the plain product in the compute dtype, autodiff's
+    backward: float32 x float32 backward dots under bf16, autodiff's layouts under float32."""
     import jax.numpy as jnp
     from t2t.nn import mixed_einsum
     saved = mixed_einsum.einsum
 
-    def plain(spec, a, b, dtype):
+    def plain(spec, a, b, dtype, laid_out=False, float32_layout=False):
         return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
                           preferred_element_type=jnp.float32)
     mixed_einsum.einsum = plain
@@ -50,40 +52,16 @@ def _plain_autodiff_einsum():
         mixed_einsum.einsum = saved
 
 
-@contextlib.contextmanager
-def _float32_explicit_layouts():
-    """float32 through t2t.nn.mixed_einsum's custom VJP too (Dense, attention, logits): the
-    forward unchanged, the backward products in its explicit layouts."""
-    import jax.numpy as jnp
-    from t2t.nn import dense, mixed_einsum
-    saved = mixed_einsum.einsum, dense.matmul
-
-    def einsum(spec, a, b, dtype):
-        mixed_einsum._check(spec, a, b)
-        return mixed_einsum._mixed(spec, jnp.dtype(dtype), a.dtype, b.dtype, a, b)
-
-    def matmul(x, kernel, contract, dtype):   # Dense: x [..., in...] . kernel [in..., out...]
-        n = x.ndim - contract
-        x_s = "".join(chr(ord("a") + i) for i in range(x.ndim))
-        k_s = x_s[n:] + "".join(chr(ord("A") + i) for i in range(kernel.ndim - contract))
-        return einsum(f"{x_s},{k_s}->{x_s[:n]}{k_s[contract:]}", x, kernel, dtype).astype(dtype)
-    mixed_einsum.einsum, dense.matmul = einsum, matmul
-    try:
-        yield
-    finally:
-        mixed_einsum.einsum, dense.matmul = saved
-
-
 # lever: (A: (config overrides, context), B: (config overrides, context), what A and B are)
 LEVERS = {
     "bf16_backward": (({"dtype": "bfloat16"}, contextlib.nullcontext),
                       ({"dtype": "bfloat16"}, _plain_autodiff_einsum),
                       "A = bfloat16 as committed (custom-VJP bf16 backward), B = bf16 "
                       "forward with autodiff's float32 x float32 backward dots"),
-    "f32_backward_layout": (({}, _float32_explicit_layouts), ({}, contextlib.nullcontext),
-                            "A = float32 with the custom VJP's explicit backward layouts, "
-                            "B = float32 as committed (autodiff: kernel gradients contract "
-                            "the first operand's leading dim)"),
+    "f32_backward_layout": (({}, contextlib.nullcontext), ({}, _plain_autodiff_einsum),
+                            "A = float32 as committed (Dense products: the custom VJP's "
+                            "explicit backward layouts), B = float32 plain autodiff (kernel "
+                            "gradients contract the first operand's leading dim)"),
 }
 
 

@@ -38,19 +38,14 @@ def embedding_init(config: TransformerConfig) -> Initializer:
 def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
     """Contract the last `contract` dims of x with the first of kernel, f32 accumulation.
 
-    Under a low-precision `dtype` the backward products take `dtype` operands as well
-    (`t2t.nn.mixed_einsum`); float32 is the plain product.
+    The backward products are laid out for XLA:CPU's fast dot kernels, float32 included, and
+    under a low-precision `dtype` take `dtype` operands as well (`t2t.nn.mixed_einsum`).
     """
-    if jnp.dtype(dtype) != jnp.float32:
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        batch, inner = letters[:x.ndim - contract], letters[x.ndim - contract:x.ndim]
-        outer = letters[x.ndim:x.ndim + kernel.ndim - contract]
-        spec = f"{batch}{inner},{inner}{outer}->{batch}{outer}"
-        return mixed_einsum.einsum(spec, x, kernel, dtype).astype(dtype)
-    x_dims = tuple(range(x.ndim - contract, x.ndim))
-    k_dims = tuple(range(contract))
-    y = lax.dot_general(x.astype(dtype), kernel.astype(dtype), ((x_dims, k_dims), ((), ())),
-                        preferred_element_type=jnp.float32)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    batch, inner = letters[:x.ndim - contract], letters[x.ndim - contract:x.ndim]
+    outer = letters[x.ndim:x.ndim + kernel.ndim - contract]
+    spec = f"{batch}{inner},{inner}{outer}->{batch}{outer}"
+    y = mixed_einsum.einsum(spec, x, kernel, dtype, float32_layout=True)
     return y.astype(dtype)
 
 

@@ -1,6 +1,7 @@
 """bf16 backward matmuls (t2t.nn.mixed_einsum): gradients match float32 autodiff to bf16
-accuracy, every dot of a bf16 model's compiled gradient takes bf16 operands, and the float32
-path stays the plain product."""
+accuracy, every dot of a bf16 model's compiled gradient takes bf16 operands; float32 Dense
+products keep autodiff's numbers with the backward laid out, other float32 products are
+autodiff's."""
 import os
 import re
 import sys
@@ -64,29 +65,55 @@ def test_bf16_operand_gets_a_bf16_gradient():
     assert (dq.dtype, dk.dtype) == (jnp.bfloat16, jnp.float32)
 
 
-def test_float32_is_the_plain_product():
-    """No custom VJP under float32: `matmul` and its gradient are autodiff's, bit for bit."""
-    x, w = _random((2, 6, 16), 0), _random((16, 4, 8), 1)
-    def jaxpr(dtype):
-        return str(jax.make_jaxpr(lambda w: matmul(x, w, 1, dtype))(w))
+def test_float32_einsum_is_the_plain_product():
+    """No custom VJP for a float32 einsum (attention): autodiff's gradient, bit for bit."""
+    q, k = _random((2, 5, 4, 8), 0), _random((2, 7, 4, 8), 1)
+    jaxpr = str(jax.make_jaxpr(lambda q: mixed_einsum.einsum("bqhd,bkhd->bhqk", q, k,
+                                                             jnp.float32))(q))
+    assert "custom_vjp" not in jaxpr
+    plain = jax.grad(lambda q: jnp.einsum("bqhd,bkhd->bhqk", q, k).sum())(q)
+    np.testing.assert_array_equal(jax.grad(lambda q: mixed_einsum.einsum(
+        "bqhd,bkhd->bhqk", q, k, jnp.float32).sum())(q), plain)
 
-    assert "custom_vjp" not in jaxpr(jnp.float32) and "custom_vjp" in jaxpr(jnp.bfloat16)
-    plain = jax.grad(lambda w: jax.lax.dot_general(x, w, (((2,), (0,)), ((), ()))).sum())(w)
-    np.testing.assert_array_equal(
-        jax.grad(lambda w: matmul(x, w, 1, jnp.float32).sum())(w), plain)
+
+@pytest.mark.parametrize("contract,x_shape,w_shape", [(1, (2, 6, 16), (16, 4, 8)),
+                                                      (2, (2, 6, 4, 8), (4, 8, 16))])
+def test_float32_dense_is_autodiffs_product_laid_out(contract, x_shape, w_shape):
+    """A float32 Dense product: the forward is the plain dot bit for bit; both gradients
+    are autodiff's sums in another order (laid out for XLA:CPU), equal to f32 rounding."""
+    x, w = _random(x_shape, 0), _random(w_shape, 1)
+    dims = (tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract)))
+    probe = _random(x_shape[:x.ndim - contract] + w_shape[contract:], 2)
+
+    def plain(x, w):
+        return jax.lax.dot_general(x, w, (dims, ((), ())))
+
+    def loss(f):
+        return lambda x, w: jnp.sum(jnp.tanh(f(x, w)) * probe)
+
+    assert "custom_vjp" in str(jax.make_jaxpr(lambda w: matmul(x, w, contract, jnp.float32))(w))
+    np.testing.assert_array_equal(matmul(x, w, contract, jnp.float32), plain(x, w))
+    got = jax.grad(loss(lambda x, w: matmul(x, w, contract, jnp.float32)), (0, 1))(x, w)
+    want = jax.grad(loss(plain), (0, 1))(x, w)
+    for g, ref in zip(got, want):
+        assert g.dtype == jnp.float32
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(ref))))
 
 
-def test_bf16_kernel_gradient_is_a_row_major_product():
-    """The kernel gradient x^T g of a bf16 [batch, length, in] x [in, out] product compiles
-    to a dot contracting the LAST dim of its first operand: autodiff's dot contracts x's
-    leading dim, which XLA:CPU runs in float32 or not at all under bf16."""
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_kernel_gradient_is_a_row_major_product(dtype):
+    """The kernel gradient x^T g of a [batch, length, in] x [in, out] product compiles to a
+    dot contracting the LAST dim of its first operand, and g is not written out transposed.
+    Autodiff's dot contracts x's leading dim: XLA:CPU runs it in float32 or not at all under
+    bf16, and under float32 on its generic kernel after a transposing copy of g."""
     x, w = _random((4, 32, 64), 0), _random((64, 96), 1)
-    grad = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, 1, jnp.bfloat16))), 1))
+    grad = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, 1, dtype))), 1))
     text = grad.lower(x, w).compile().as_text()
     contracted = re.findall(r"dot\(.*lhs_contracting_dims=\{(\d+)\}", text)
     ranks = re.findall(r"= \w+\[([\d,]*)\][^ ]* dot\(", text)
     assert contracted and all(int(c) == len(r.split(",")) - 1
                               for c, r in zip(contracted, ranks)), text
+    assert not re.search(r"= f32\[96,128\]", text), text      # g [128 tokens, 96], turned
 
 
 def test_unsupported_spec_is_one_line():
