@@ -23,10 +23,10 @@ runs in float32, only for its layouts. Autodiff's kernel gradient x^T g contract
 dims, which are x's and g's leading dims; XLA:CPU then writes g transposed, recomputing the
 activation's backward (GeLU's tanh polynomial) inside that transposing copy next to a
 row-major copy for the input gradient, and runs the product on its generic dot kernel. Laid
-out as here the gradient is one YNNPACK dot over row-major g. Measured on an AVX-512 host
-(float32 train steps, process CPU time, A/B pairs in one process): GPT-2 small 1.02-1.22x
-faster, BERT-base 1.00-1.25x, T5.1.1-base 1.17-1.45x (benchmarks/README.md). The gradients
-are the same sums in another order: equal to autodiff's to float32 rounding, not bit for bit.
+out as here the gradient is one YNNPACK dot over row-major g: float32 train steps on an AMX
+host took 1.07x (GPT-2 small), 1.27x (BERT-base) and 1.12x (T5.1.1-base) the CPU time with
+autodiff's layouts (medians of 6 A/B pairs, benchmarks/README.md). The gradients are the
+same sums in another order: equal to autodiff's to float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
