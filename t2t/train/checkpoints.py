@@ -15,6 +15,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.metadata import array_metadata_store  # orbax's default's store
 
 from t2t import storage
 from t2t.errors import CheckpointMismatchError
@@ -116,12 +117,27 @@ def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str
             "bindings, or start in a new MODEL_DIR")
 
 
+def _write_whole_shards_in_one_process() -> None:
+    """In a single process, each replicated shard is written whole from one replica.
+
+    orbax's default on CPU and TPU ("replica-parallel") splits a replicated shard among its
+    replicas so that several hosts share the writing; in one process that only adds an
+    eager slice per shard and device (the first save of a test-size BERT on 8 CPU devices:
+    1.7 s, against 0.4 s written whole). Several processes keep orbax's default. The files
+    restore either way."""
+    if jax.process_count() == 1:
+        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+            use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()),
+            override=True)
+
+
 class Checkpointer:
     """Async, keep-N checkpoints of (train state, data-iterator state, config string)."""
 
     def __init__(self, directory: str, keep: Optional[int] = 3, async_save: bool = True,
                  save_interval_steps: int = 1, keep_period: Optional[int] = None):
         self.directory = str(storage.path(directory))   # local (absolute) or gs://...
+        _write_whole_shards_in_one_process()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=save_interval_steps, keep_period=keep_period,
             enable_async_checkpointing=async_save, create=True)

@@ -27,6 +27,26 @@ _POSTFIX = {"loss": "loss", "learning_rate": "lr", "lr": "lr",
             "mfu": "mfu"}
 
 
+# tensorboardX's optional hooks, none of which t2t uses (scalars only; bucket event files go
+# through its own writer below): importing torch alone adds over a second to every run's start.
+_TENSORBOARDX_OPTIONAL = ("torch", "boto3", "google.cloud.storage")
+
+
+def _tensorboardx():
+    """The tensorboardX module, imported with its optional hooks hidden (those not yet
+    imported read as absent during the import, and are importable again after it)."""
+    hidden = [name for name in _TENSORBOARDX_OPTIONAL if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden))           # None: `import name` raises ImportError
+    try:
+        import tensorboardX
+        import tensorboardX.record_writer
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+    return tensorboardX
+
+
 def _to_python(value: Any) -> Any:
     """Device/numpy values → JSON-friendly Python (scalars → int/float, arrays → lists)."""
     if isinstance(value, (str, bool)) or value is None:
@@ -79,11 +99,10 @@ class MetricsLogger:
         self._jsonl = (_WholeObjectFile(self.jsonl_path) if storage.is_remote(model_dir)
                        else open(self.jsonl_path, "a", encoding="utf-8"))
         if tensorboard:
-            import tensorboardX  # imported lazily: heavy, and only process 0 needs it
+            tensorboardX = _tensorboardx()  # imported lazily: only process 0 needs it
             if storage.is_remote(model_dir):
-                from tensorboardX import record_writer
-                record_writer.register_writer_factory(model_dir.split(":", 1)[0],
-                                                      _BucketEventFiles())
+                tensorboardX.record_writer.register_writer_factory(
+                    model_dir.split(":", 1)[0], _BucketEventFiles())
             self._writer = tensorboardX.SummaryWriter(self.tensorboard_dir, flush_secs=30)
         if progress_bar:
             # Redraw at most every 5 s when stderr is a log file rather than a terminal.
@@ -217,8 +236,9 @@ def read_metrics(path: str) -> list[dict]:
 def read_tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` from the event files in ``logdir`` (local or in a
     bucket; CRC-checked)."""
-    from tensorboardX.proto import event_pb2
-    from tensorboardX.record_writer import masked_crc32c
+    tensorboardX = _tensorboardx()
+    event_pb2 = tensorboardX.proto.event_pb2
+    masked_crc32c = tensorboardX.record_writer.masked_crc32c
 
     out: dict[str, list[tuple[int, float]]] = {}
     for path in sorted(storage.path(logdir).glob("events.out.tfevents.*")):

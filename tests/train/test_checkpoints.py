@@ -159,3 +159,22 @@ def test_keep_n_interval_and_errors(tmp_path):
             c.restore(2, state)
         with pytest.raises(ValueError, match="must be a jax.ShapeDtypeStruct with a sharding"):
             c.restore(6, {"w": jax.ShapeDtypeStruct((8,), jnp.float32)})
+
+
+def test_one_process_writes_replicated_shards_whole(tmp_path, monkeypatch):
+    """A [16, 8] array replicated on 8 devices is written from one replica, without orbax's
+    eager per-device slices (they only spread the writing over hosts), and restores bit for
+    bit."""
+    mesh = pt.make_mesh(pt.MeshConfig(data=8))
+    shardings = {"w": NamedSharding(mesh, P()), "rows": NamedSharding(mesh, P("data"))}
+    values = np.arange(128, dtype=np.float32).reshape(16, 8)
+    state = jax.device_put({"w": values, "rows": values}, shardings)
+    slices = []
+    original = jax.lax.slice_in_dim
+    monkeypatch.setattr(jax.lax, "slice_in_dim",
+                        lambda *a, **k: slices.append(1) or original(*a, **k))
+    with ck.Checkpointer(str(tmp_path), async_save=False) as c:
+        c.save(1, state)
+        restored, _ = c.restore(1, ck.abstract_state(state, shardings))
+    assert slices == []
+    _assert_bit_exact(restored, state)

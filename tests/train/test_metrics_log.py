@@ -1,12 +1,15 @@
 """MetricsLogger: JSONL, TensorBoard event files, progress bar postfix."""
 import json
 import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from t2t.train import metrics_log as tlog
+from tests.jax_setup import cpu_env
 
 
 class _Boom:
@@ -74,3 +77,17 @@ def test_only_process_zero_writes(tmp_path, monkeypatch):
     with tlog.MetricsLogger(d, every_n=1) as log:
         assert not log.log(1, {"loss": 1.0})
     assert not os.path.exists(d)
+
+
+def test_tensorboardx_comes_without_torch_and_torch_still_imports():
+    """A fresh interpreter: the event writer does not pull in torch (over a second of every
+    run's start), and torch imports normally afterwards."""
+    code = ("import sys\n"
+            "from t2t.train.metrics_log import _tensorboardx\n"
+            "tb = _tensorboardx()\n"
+            "assert tb.SummaryWriter and 'torch' not in sys.modules, 'torch came in'\n"
+            "import torch\n"
+            "assert torch.zeros(2).sum().item() == 0\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=cpu_env())
+    assert done.returncode == 0, done.stderr[-2000:]
