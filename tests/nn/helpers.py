@@ -2,6 +2,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import EncoderDecoder
@@ -26,7 +27,9 @@ def init(module, *args, **kwargs):
 
 
 def max_diff(a, b):
-    return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+    """max |a - b| in float32, on the host (an eager op would compile a program per shape)."""
+    a, b = (np.asarray(x).astype(np.float32) for x in (a, b))
+    return float(np.max(np.abs(a - b)))
 
 
 def decode_encoder_decoder_stepwise(model, params, enc, dec, enc_seg=None):

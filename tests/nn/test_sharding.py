@@ -2,6 +2,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from t2t.models.bert import BertModel
@@ -55,10 +56,10 @@ def test_sharded_forward_backward_matches_unsharded(family):
         # The mesh really shards something (not all replicated).
         specs = {s.spec for s in jax.tree_util.tree_leaves(shardings)}
         assert any(any(ax is not None for ax in spec) for spec in specs), shape
-        assert jnp.allclose(loss, ref_loss, rtol=1e-6, atol=0), (shape, loss, ref_loss)
-        for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
-            scale = float(jnp.max(jnp.abs(b))) + 1e-12
-            assert float(jnp.max(jnp.abs(a - b))) <= 1e-5 * max(scale, 1.0), shape
+        np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, atol=0, err_msg=str(shape))
+        # compared on the host: an eager op per sharded leaf would compile a program each
+        for a, b in zip(*map(jax.tree_util.tree_leaves, jax.device_get((grads, ref_grads)))):
+            assert np.max(np.abs(a - b)) <= 1e-5 * max(np.max(np.abs(b)), 1.0), shape
 
 
 def test_undivisible_dimension_is_a_clear_error():
