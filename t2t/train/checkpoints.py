@@ -10,12 +10,15 @@ with an error naming every mismatching parameter.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src.metadata import array_metadata_store  # orbax's default's store
+# orbax's own registry and metadata store (pinned orbax: private modules, no public handle)
+from orbax.checkpoint._src.metadata import array_metadata_store
+from orbax.checkpoint._src.serialization import type_handler_registry
 
 from t2t import storage
 from t2t.errors import CheckpointMismatchError
@@ -117,6 +120,7 @@ def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str
             "bindings, or start in a new MODEL_DIR")
 
 
+@functools.cache
 def _write_whole_shards_in_one_process() -> None:
     """In a single process, each replicated shard is written whole from one replica.
 
@@ -126,9 +130,10 @@ def _write_whole_shards_in_one_process() -> None:
     1.7 s, against 0.4 s written whole). Several processes keep orbax's default. The files
     restore either way."""
     if jax.process_count() == 1:
-        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-            use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()),
-            override=True)
+        type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(
+            jax.Array, ocp.type_handlers.ArrayHandler(
+                use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()),
+            override=True, ignore_warnings=True)
 
 
 class Checkpointer:
