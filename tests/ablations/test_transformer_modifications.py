@@ -75,3 +75,22 @@ def test_equal_parameter_rows_have_the_papers_count_at_the_paper_scale():
             continue                          # sized by their own parameters, not held equal
         _, count = _cell_params(grid, cell)
         assert count / 1e6 == pytest.approx(params[cell.label], rel=0.01), cell.label
+
+
+def test_the_small_scales_switch_row_pretrains_on_mock_c4(tmp_path):
+    """`small` (the paper's model and recipe, C4 span corruption) builds, compiles and runs
+    two steps at a test-sized shape on mock C4: the Switch row, its experts over a 4-way
+    `expert` mesh axis (only sizes, mesh and steps overridden)."""
+    import tensorflow_datasets as tfds
+    from t2t.data.catalog.bible import bible_sentencepiece
+    from tests.ablations.test_paper_scale import T5_TEST
+    shrink = ["NARANG_EXPERTS = 4", "NARANG_MOE_EVERY = 2", "MeshConfig.expert = 4"]
+    grid = grid_lib.load_grid(GRID, "small", T5_TEST + shrink + [
+        f"T5_VOCABULARY = {bible_sentencepiece().model_file!r}"])
+    cell = grid.select(["switch_transformer"])[0]
+    with tfds.testing.mock_data(num_examples=16):
+        stage, _ = runner.pretrain(grid, cell, 0, str(tmp_path / "pretrain"))
+    assert stage["stopped_by"] == "done" and stage["steps"] == 2 and stage["family"] == "t5"
+    config = (tmp_path / "pretrain" / "config.gin").read_text()
+    assert "CORPUS = 'c4'" in config and "NARANG_EXPERTS = 4" in config
+    assert "moe_num_experts = %NARANG_EXPERTS" in config
