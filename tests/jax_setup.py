@@ -11,8 +11,10 @@ CACHE_SETTINGS = {"jax_compilation_cache_dir": CACHE_DIR,
 
 
 def xla_flags(devices: int) -> str:
-    """XLA_FLAGS for `devices` fake CPU devices."""
-    return f"--xla_force_host_platform_device_count={devices}"
+    """XLA_FLAGS for `devices` fake CPU devices, their machine code compiled by LLVM at -O0:
+    the suite's programs are tiny, so compiling them costs more than running them. XLA's
+    HLO passes (fusion, layout, sharding) are those of a normal run."""
+    return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
 
 
 def cpu_env(devices: int = 1, **extra: str) -> dict:
