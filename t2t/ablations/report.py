@@ -222,10 +222,11 @@ def _copied(stages: Sequence[Mapping[str, Any]]) -> str:
 def compute_table(grid: Grid, results: Results) -> str:
     """Per cell (mean over its seeds): parameters, pretraining steps/tokens/FLOPs/wall,
     fine-tuning FLOPs and wall summed over the downstream tasks, and the CPU seconds of every
-    stage (the load-independent cost, where the runner recorded it)."""
-    header = ["cell", "seeds", "params", "pretrain steps", "pretrain tokens", "pretrain FLOPs",
-              "pretrain wall", "fine-tune steps", "fine-tune FLOPs", "fine-tune + eval wall",
-              "CPU"]
+    stage (the load-independent cost, where the runner recorded it), and the precision each
+    seed ran in."""
+    header = ["cell", "seeds", "precision", "params", "pretrain steps", "pretrain tokens",
+              "pretrain FLOPs", "pretrain wall", "fine-tune steps", "fine-tune FLOPs",
+              "fine-tune + eval wall", "CPU"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in grid.cells:
         found = results.get(cell.key, [])
@@ -236,7 +237,8 @@ def compute_table(grid: Grid, results: Results) -> str:
         ft = lambda r, k: sum(s.get(k, 0) for s in finetunings(grid, r))  # noqa: E731
         params = found[0]["pretrain"].get("params")
         lines.append("| " + " | ".join([
-            cell.label, str(len(found)), "–" if params is None else f"{params:,}",
+            cell.label, str(len(found)), precisions(found),
+            "–" if params is None else f"{params:,}",
             f"{mean(lambda r: pretraining_used(r, 'steps')):.0f}",
             _human(mean(lambda r: pretraining_used(r, "tokens"))),
             _human(mean(lambda r: pretraining_used(r, "flops"))),
@@ -248,6 +250,27 @@ def compute_table(grid: Grid, results: Results) -> str:
             + _copied([s for r in found for s in finetunings(grid, r)]),
             _cpu(grid, found)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def precisions(found: Sequence[Mapping[str, Any]]) -> str:
+    """The matmul precision of a cell's seeds: 'bfloat16', or 'bfloat16 (0, 1), float32 (2)'
+    when hosts of different kinds ran them ('auto' is bfloat16 only where the CPU has it)."""
+    seeds: Dict[str, List[int]] = {}
+    for r in sorted(found, key=lambda r: r["seed"]):
+        seeds.setdefault(r.get("precision") or "–", []).append(r["seed"])
+    if len(seeds) == 1:
+        return next(iter(seeds))
+    return ", ".join(f"{p} ({', '.join(map(str, s))})" for p, s in seeds.items())
+
+
+def vocabulary_counts(grid: Grid, finished: Sequence[Mapping[str, Any]]) -> Dict[str, int]:
+    """{vocabulary file: how many of the results' stages used it}, for stages that say."""
+    counts: Dict[str, int] = {}
+    for r in finished:
+        for stage in [r["pretrain"], *finetunings(grid, r)]:
+            if stage.get("vocabulary"):
+                counts[stage["vocabulary"]] = counts.get(stage["vocabulary"], 0) + 1
+    return counts
 
 
 def pretraining_used(result: Mapping[str, Any], key: str) -> float:
@@ -367,8 +390,19 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
                  "FLOPs per row (dense + attention, logits excluded) relative to the "
                  f"`{grid.accounting.get('M')}` cell (the paper's M); both measured from the "
                  "models that ran.", ""]
-    text += ["## Compute", "", compute_table(grid, results), "",
-             f"![{grid.name}]({os.path.basename(png)})", ""]
+    text += ["## Compute", "", compute_table(grid, results), ""]
+    if len({r.get("precision") for r in finished}) > 1:
+        text += ["Precision is what each seed's matmuls ran in: `hardware/cpu.gin`'s dtype "
+                 "'auto' means bfloat16 on a CPU with AVX512-BF16 or AMX and float32 on an "
+                 "AVX2-only one, so cells run on different kinds of host differ in precision "
+                 "and rounding as well as in the seed.", ""]
+    vocabularies = vocabulary_counts(grid, finished)
+    if len(vocabularies) > 1:
+        text += ["The cells' stages used more than one vocabulary (trained vocabularies are "
+                 "named by a digest of their corpus, so a corpus built from other package "
+                 "versions gives another): " + ", ".join(
+                     f"`{name}` ({n} stages)" for name, n in vocabularies.items()) + ".", ""]
+    text += [f"![{grid.name}]({os.path.basename(png)})", ""]
     if grid.notes:
         text += ["## Notes", "", grid.notes.strip(), ""]
     with open(base + ".md", "w") as f:

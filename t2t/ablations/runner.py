@@ -117,6 +117,14 @@ def _model_facts(exp) -> Dict[str, Any]:
             "nonembedding_params": int(total - embedding)}
 
 
+def vocabulary_file(exp) -> Optional[str]:
+    """The file name of the stage's task vocabulary, or None (a vocabulary t2t trains is named
+    by a digest of its corpus, so a corpus rebuilt from newer packages shows here)."""
+    vocab = getattr(exp.task, "vocabulary", None)
+    path = getattr(vocab, "model_file", None) or getattr(vocab, "vocab_file", None)
+    return os.path.basename(path) if path else None
+
+
 def forward_flops_per_row(model, result) -> Dict[str, float]:
     """Forward FLOPs of one batch row by part (dense, attention, logits), at the row lengths
     `fit` counted: T5 Table 2's cost M compares these (every cell's rows hold the same
@@ -144,6 +152,7 @@ def reuse(stage_dir: str, config_str: str, sha: str,
     else:
         stale = ran != sha
     if stale:
+        _refuse_other_precision(stage_dir, config_str)
         progress(f"{stage_dir}: its configuration changed since it ran; starting it again")
         if jax.process_index() == 0:
             shutil.rmtree(stage_dir)
@@ -152,6 +161,51 @@ def reuse(stage_dir: str, config_str: str, sha: str,
         with open(sha_path, "w") as f:
             f.write(sha)
     return _read(os.path.join(stage_dir, "stage.json"))
+
+
+# The note `operative_config` adds under `TransformerConfig.dtype = 'auto'`: what it meant here.
+_PRECISION_NOTE = re.compile(
+    r"^# TransformerConfig\.dtype 'auto' resolved to '(\w+)' on this host: ([^\n]*)$",
+    re.MULTILINE)
+_BOUND_DTYPE = re.compile(r"^TransformerConfig\.dtype = '(\w+)'$", re.MULTILINE)
+
+
+def stage_precision(config_str: str) -> Optional[str]:
+    """The matmul precision a stage's operative config ran in ('bfloat16', 'float32'):
+    what 'auto' resolved to on its host, else the dtype it binds; None if it says neither."""
+    note = _PRECISION_NOTE.search(config_str)
+    bound = _BOUND_DTYPE.search(config_str)
+    return note.group(1) if note else bound.group(1) if bound else None
+
+
+def _refuse_other_precision(stage_dir: str, config_str: str) -> None:
+    """A ConfigError when `stage_dir` ran this configuration on another kind of host, where
+    dtype 'auto' resolved otherwise (bfloat16 on a CPU with AVX512-BF16/AMX, float32 on an
+    AVX2-only one): its results are kept, not cleared and rerun in another precision."""
+    ran = _read_text(os.path.join(stage_dir, "config.gin"))
+    if ran is None:
+        return
+    notes = [_PRECISION_NOTE.search(text) for text in (ran, config_str)]
+    if (None in notes or notes[0].group(0) == notes[1].group(0)
+            or _PRECISION_NOTE.sub("", ran) != _PRECISION_NOTE.sub("", config_str)):
+        return
+    theirs, ours = (n.group(2).rstrip('.') for n in notes)
+    raise ConfigError(
+        f"{stage_dir} ran on another kind of host, where dtype 'auto' meant {theirs}; here it "
+        f"means {ours}. Run it on a host of that kind, or move the directory away to run it "
+        "again here")
+
+
+def result_precision(out_dir: str, grid: Grid, cell: Cell, seed: int) -> Optional[str]:
+    """The precision of a finished cell's stages, 'bfloat16 + float32' if they differ (read
+    from their config.gin, so results written before this field have it too)."""
+    stages = [os.path.join(cell_dir(out_dir, grid, cell, seed), "finetune", task)
+              for task, _ in grid.scale.tasks]
+    if cell.pretrained:
+        stages.insert(0, pretrain_dir(out_dir, grid, cell, seed))
+    found = {stage_precision(_read_text(os.path.join(d, "config.gin")) or "") for d in stages}
+    found.discard(None)
+    return " + ".join(sorted(found)) or None
 
 
 def twin_pretraining(out_dir: str, grid: Grid, seed: int, model_dir: str,
@@ -261,7 +315,8 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
         return early, sha
     result = fit(exp.trainer, exp.data(), config_str=config_str)
     stage = {**_compute(result, time.perf_counter() - start), **_model_facts(exp),
-             "stopped_by": result.stopped_by, "cpu_s": round(time.process_time() - cpu, 1)}
+             "stopped_by": result.stopped_by, "cpu_s": round(time.process_time() - cpu, 1),
+             "vocabulary": vocabulary_file(exp)}
     stage["forward_flops_per_row"] = forward_flops_per_row(exp.trainer.model, result)
     if grid.scale.heldout and result.stopped_by == "done":
         stage["heldout"] = _score_heldout(grid, exp, result.state.params)
@@ -364,7 +419,7 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
         return {"stopped_by": "preempted"}
     stage = _compute(out["result"], out["train_seconds"])
     stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done", split=split,
-                 metrics=out["metrics"][f"{task}/{split}"],
+                 metrics=out["metrics"][f"{task}/{split}"], vocabulary=vocabulary_file(exp),
                  cpu_s=round(time.process_time() - cpu, 1))   # training and scoring
     _write(os.path.join(model_dir, "stage.json"), stage)
     return stage
@@ -426,6 +481,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
               "labels": dict(cell.labels), "label": cell.label, "seed": seed,
               "pretrain": pre, "finetune": downstream, "hardware": hardware(),
+              "precision": result_precision(out_dir, grid, cell, seed),
               "code": code_version(),
               **({} if cell.from_step is None else {"from_step": cell.from_step}),
               "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -476,4 +532,7 @@ def load_results(grid: Grid, out_dir: str) -> Dict[str, List[Dict[str, Any]]]:
             os.path.isdir(root) else []
         found[cell.key] = [r for r in (_read(os.path.join(root, d, "result.json"))
                                        for d in seeds) if r is not None]
+        for r in found[cell.key]:
+            if "precision" not in r:        # a result from before the field
+                r["precision"] = result_precision(out_dir, grid, cell, r["seed"])
     return found

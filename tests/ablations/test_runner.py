@@ -155,6 +155,68 @@ def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monk
     assert runner._without_dirs(short) != runner._without_dirs(short.replace("1", "2"))
 
 
+def test_a_stage_run_on_another_kind_of_host_is_kept_not_rerun(ran, tmp_path):
+    """A finished stage whose config differs from ours only in what dtype 'auto' resolved to
+    (bfloat16 on an AMX host, float32 on an AVX2-only one) is an error naming both, and is
+    left as it was; any other difference still clears and reruns the stage."""
+    import shutil
+    from t2t import precision
+    from t2t.errors import ConfigError
+    grid, out, _ = ran
+    finished = runner.pretrain_dir(out, grid, grid.cells[0], 0)
+    ours = open(os.path.join(finished, "config.gin")).read()
+    here = precision.resolve_dtype("auto")
+    assert runner.stage_precision(ours) == here
+    other = "float32" if here == "bfloat16" else "bfloat16"
+    theirs = runner._PRECISION_NOTE.sub(
+        f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: "
+        f"{other} (another CPU).", ours)
+    assert runner.stage_precision(theirs) == other
+    kept = str(tmp_path / "kept")
+    shutil.copytree(finished, kept)
+    (tmp_path / "kept" / "config.gin").write_text(theirs)
+    (tmp_path / "kept" / "config.sha256").write_text(runner.fingerprint(theirs))
+    before = sorted(os.listdir(kept))
+    with pytest.raises(ConfigError, match=f"ran on another kind of host, where dtype 'auto' "
+                                          f"meant {other} \\(another CPU\\); here it means {here}"):
+        runner.reuse(kept, ours, runner.fingerprint(ours), print)
+    assert sorted(os.listdir(kept)) == before and "checkpoints" in before
+    assert open(os.path.join(kept, "config.sha256")).read() == runner.fingerprint(theirs)
+    (tmp_path / "kept" / "config.gin").write_text(theirs + "\nTRAIN_STEPS = 3\n")
+    assert runner.reuse(kept, ours, runner.fingerprint(ours), print) is None   # cleared
+    assert os.listdir(kept) == ["config.sha256"]
+
+
+def test_the_compute_table_says_which_precision_each_seed_ran_in(ran):
+    from t2t import precision
+    grid, out, docs = ran
+    results = runner.load_results(grid, out)
+    here = precision.resolve_dtype("auto")
+    assert {r["precision"] for rs in results.values() for r in rs} == {here}
+    header = next(line for line in open(os.path.join(docs, "micro_tiny.md"))
+                  if line.startswith("| cell |"))
+    assert header.split(" | ")[:3] == ["| cell", "seeds", "precision"]
+    assert f"| Prefix LM | 1 | {here} |" in report.compute_table(grid, results)
+    mixed = [{"seed": 2, "precision": "float32"}, {"seed": 0, "precision": "bfloat16"},
+             {"seed": 1, "precision": "bfloat16"}]
+    assert report.precisions(mixed) == "bfloat16 (0, 1), float32 (2)"
+    assert report.precisions(mixed[1:]) == "bfloat16"
+
+
+def test_each_stage_records_the_vocabulary_file_it_used(ran):
+    """Trained vocabularies are named by a digest of their corpus: a stage says which."""
+    from t2t.data import tasks
+    grid, out, _ = ran
+    results = runner.load_results(grid, out)
+    vocab = tasks.get_task("bible_style_kjv_to_web").vocabulary
+    name = os.path.basename(vocab.model_file)
+    stages = [s for rs in results.values() for r in rs
+              for s in [r["pretrain"], *r["finetune"].values()]]
+    assert {s["vocabulary"] for s in stages} == {name}
+    assert report.vocabulary_counts(grid, [r for rs in results.values() for r in rs]) == {
+        name: len(stages)}
+
+
 def test_report_puts_our_numbers_beside_the_papers(ran):
     grid, out, docs = ran
     md = open(os.path.join(docs, "micro_tiny.md")).read()
