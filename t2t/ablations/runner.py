@@ -152,7 +152,6 @@ def reuse(stage_dir: str, config_str: str, sha: str,
     else:
         stale = ran != sha
     if stale:
-        _refuse_other_precision(stage_dir, config_str)
         progress(f"{stage_dir}: its configuration changed since it ran; starting it again")
         if jax.process_index() == 0:
             shutil.rmtree(stage_dir)
@@ -178,22 +177,26 @@ def stage_precision(config_str: str) -> Optional[str]:
     return note.group(1) if note else bound.group(1) if bound else None
 
 
-def _refuse_other_precision(stage_dir: str, config_str: str) -> None:
-    """A ConfigError when `stage_dir` ran this configuration on another kind of host, where
-    dtype 'auto' resolved otherwise (bfloat16 on a CPU with AVX512-BF16/AMX, float32 on an
-    AVX2-only one): its results are kept, not cleared and rerun in another precision."""
+def ran_on_another_host(stage_dir: str, config_str: str, upstream: str = "") -> Optional[str]:
+    """The fingerprint `stage_dir` finished under, when it ran this configuration from this
+    `upstream` on another kind of host, where dtype 'auto' resolved otherwise (bfloat16 on a
+    CPU with AVX512-BF16/AMX, float32 on an AVX2-only one): a finished stage stands as it ran
+    (its result records the precision), so a grid continues across kinds of host. A stage
+    that stopped there is a ConfigError: resuming it here would mix two precisions."""
     ran = _read_text(os.path.join(stage_dir, "config.gin"))
-    if ran is None:
-        return
-    notes = [_PRECISION_NOTE.search(text) for text in (ran, config_str)]
-    if (None in notes or notes[0].group(0) == notes[1].group(0)
+    sha = _read_text(os.path.join(stage_dir, "config.sha256"))
+    notes = [_PRECISION_NOTE.search(text or "") for text in (ran, config_str)]
+    if (ran is None or sha != fingerprint(ran, upstream) or None in notes
+            or notes[0].group(0) == notes[1].group(0)
             or _PRECISION_NOTE.sub("", ran) != _PRECISION_NOTE.sub("", config_str)):
-        return
-    theirs, ours = (n.group(2).rstrip('.') for n in notes)
-    raise ConfigError(
-        f"{stage_dir} ran on another kind of host, where dtype 'auto' meant {theirs}; here it "
-        f"means {ours}. Run it on a host of that kind, or move the directory away to run it "
-        "again here")
+        return None
+    if not os.path.exists(os.path.join(stage_dir, "stage.json")):
+        theirs, ours = (n.group(2).rstrip(".") for n in notes)
+        raise ConfigError(
+            f"{stage_dir} stopped on another kind of host, where dtype 'auto' meant {theirs}; "
+            f"here it means {ours}. Resume it on a host of that kind, or move the directory "
+            "away to run it again here")
+    return sha
 
 
 def result_precision(out_dir: str, grid: Grid, cell: Cell, seed: int) -> Optional[str]:
@@ -297,7 +300,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
     exp = experiment_lib.experiment()
     config_str = experiment_lib.operative_config(exp)
-    sha = fingerprint(config_str)
+    sha = ran_on_another_host(model_dir, config_str) or fingerprint(config_str)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage, sha
@@ -398,7 +401,9 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
     config_str = experiment_lib.operative_config(exp)
     split = grid.scale.split_of(task)
     tail = f"{split} {grid.scale.eval_examples}"
-    sha = fingerprint(config_str, f"{pretrained_sha} {tail}")
+    upstream = f"{pretrained_sha} {tail}"
+    sha = ran_on_another_host(model_dir, config_str, upstream) or fingerprint(config_str,
+                                                                              upstream)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage
@@ -406,7 +411,7 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
                                                          pretrain_twin, config_str, tail)
     if not twin and pretrained_dir is None and out_dir:
         twin = twin_control(out_dir, grid, seed, task, model_dir, config_str,
-                            f"{pretrained_sha} {tail}")
+                            upstream)
     if twin:
         progress(f"fine-tuning on {task}: the same run finished in {twin}; copying it")
         stage = _copy_stage(twin, model_dir, sha)

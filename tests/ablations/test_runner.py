@@ -155,35 +155,64 @@ def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monk
     assert runner._without_dirs(short) != runner._without_dirs(short.replace("1", "2"))
 
 
-def test_a_stage_run_on_another_kind_of_host_is_kept_not_rerun(ran, tmp_path):
+def test_a_stage_run_on_another_kind_of_host_stands_as_it_ran(ran, tmp_path, monkeypatch):
     """A finished stage whose config differs from ours only in what dtype 'auto' resolved to
-    (bfloat16 on an AMX host, float32 on an AVX2-only one) is an error naming both, and is
-    left as it was; any other difference still clears and reruns the stage."""
+    (bfloat16 on an AMX host, float32 on an AVX2-only one) is kept under its own fingerprint,
+    so its fine-tunings are too and the cell is not rerun; one that stopped there is an error
+    naming both precisions; any other difference still clears and reruns the stage."""
     import shutil
     from t2t import precision
     from t2t.errors import ConfigError
+    from t2t.train import trainer as trainer_lib
+    from t2t.run import finetune as finetune_lib
     grid, out, _ = ran
-    finished = runner.pretrain_dir(out, grid, grid.cells[0], 0)
-    ours = open(os.path.join(finished, "config.gin")).read()
     here = precision.resolve_dtype("auto")
-    assert runner.stage_precision(ours) == here
     other = "float32" if here == "bfloat16" else "bfloat16"
+    cell = grid.cells[0]
+    root = runner.cell_dir(out, grid, cell, 0)
+    backup = str(tmp_path / "backup")
+    shutil.copytree(root, backup)
+    stages = [runner.pretrain_dir(out, grid, cell, 0),
+              os.path.join(root, "finetune", "bible_style_kjv_to_web")]
+    for module in (trainer_lib, finetune_lib):
+        monkeypatch.setattr(module, "fit", lambda *a, **k: pytest.fail("trained again"))
+    try:
+        upstream = ""
+        for stage in stages:    # rewrite the cell as if it had run on the other kind of host
+            theirs = runner._PRECISION_NOTE.sub(
+                f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: "
+                f"{other} (another CPU).", open(os.path.join(stage, "config.gin")).read())
+            assert runner.stage_precision(theirs) == other
+            open(os.path.join(stage, "config.gin"), "w").write(theirs)
+            sha = runner.fingerprint(theirs, upstream)
+            open(os.path.join(stage, "config.sha256"), "w").write(sha)
+            upstream = f"{sha} {grid.scale.split_of('bible_style_kjv_to_web')} 8"
+        before = {s: sorted(os.listdir(s)) for s in stages}
+        os.remove(os.path.join(root, "result.json"))
+        result = runner.run_cell(grid, cell, 0, out, print)        # nothing trains
+        assert result["precision"] == other
+        assert {s: sorted(os.listdir(s)) for s in stages} == before
+        assert "checkpoints" in before[stages[0]]
+        # a stage that stopped on the other kind of host is not resumed in another precision
+        os.remove(os.path.join(stages[0], "stage.json"))
+        with pytest.raises(ConfigError, match=f"stopped on another kind of host, where dtype "
+                                              f"'auto' meant {other} \\(another CPU\\); here "
+                                              f"it means {here}"):
+            runner.run_cell(grid, cell, 0, out, print)
+        assert "checkpoints" in os.listdir(stages[0])
+    finally:
+        shutil.rmtree(root)
+        shutil.copytree(backup, root)
+    # another difference as well: a changed configuration, cleared and rerun as before
+    kept = tmp_path / "kept"
+    shutil.copytree(backup + "/finetune/bible_style_kjv_to_web", kept)
+    ours = (kept / "config.gin").read_text()
     theirs = runner._PRECISION_NOTE.sub(
-        f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: "
-        f"{other} (another CPU).", ours)
-    assert runner.stage_precision(theirs) == other
-    kept = str(tmp_path / "kept")
-    shutil.copytree(finished, kept)
-    (tmp_path / "kept" / "config.gin").write_text(theirs)
-    (tmp_path / "kept" / "config.sha256").write_text(runner.fingerprint(theirs))
-    before = sorted(os.listdir(kept))
-    with pytest.raises(ConfigError, match=f"ran on another kind of host, where dtype 'auto' "
-                                          f"meant {other} \\(another CPU\\); here it means {here}"):
-        runner.reuse(kept, ours, runner.fingerprint(ours), print)
-    assert sorted(os.listdir(kept)) == before and "checkpoints" in before
-    assert open(os.path.join(kept, "config.sha256")).read() == runner.fingerprint(theirs)
-    (tmp_path / "kept" / "config.gin").write_text(theirs + "\nTRAIN_STEPS = 3\n")
-    assert runner.reuse(kept, ours, runner.fingerprint(ours), print) is None   # cleared
+        f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: x.", ours)
+    (kept / "config.gin").write_text(theirs + "\nTRAIN_STEPS = 3\n")
+    (kept / "config.sha256").write_text(runner.fingerprint(theirs + "\nTRAIN_STEPS = 3\n"))
+    assert runner.ran_on_another_host(str(kept), ours) is None
+    assert runner.reuse(str(kept), ours, runner.fingerprint(ours), print) is None   # cleared
     assert os.listdir(kept) == ["config.sha256"]
 
 
