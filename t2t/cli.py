@@ -236,8 +236,7 @@ def cmd_ablate(args) -> int:
     cells = grid.select(args.cells.split(",") if args.cells else ())
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(grid.scale.seeds)
     if args.list:
-        for cell in cells:
-            print(f"{cell.key:40s} {cell.label}")
+        print(report.status(grid, runner.load_results(grid, args.out_dir), cells, seeds))
         return 0
     report.check_plotting()
     if not args.render_only:
@@ -315,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs_dir", default="docs/ablations", help="where the table and plot go")
     p.add_argument("--gin", action="append", default=[], metavar="BINDING",
                    help="extra binding for the grid file; repeatable")
-    p.add_argument("--list", action="store_true", help="list the cells and exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the cells, their finished and remaining seeds, and exit")
     p.add_argument("--render_only", action="store_true", help="render what has finished")
     p.set_defaults(func=cmd_ablate)
     p = with_gin(sub.add_parser("compile", help="compile a step for a TPU slice (no TPU "

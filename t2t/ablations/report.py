@@ -302,6 +302,38 @@ def _cpu(grid, found: Sequence[Mapping[str, Any]]) -> str:
     return "–" if None in totals else f"{statistics.fmean(totals):.0f} s"
 
 
+def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[int]) -> str:
+    """What `t2t ablate --list` prints: each cell's finished seeds (and their precision), the
+    selected seeds still to run, and the CPU time they should take at the mean of the
+    finished cell-seeds of their kind (pretrained or control) that ran here, not copied."""
+    lines, todo = [], []
+    for cell in cells:
+        found = results.get(cell.key, [])
+        done = sorted(r["seed"] for r in found)
+        missing = [s for s in seeds if s not in done]
+        todo += [cell] * len(missing)
+        finished = f"{', '.join(map(str, done))} ({precisions(found)})" if found else "–"
+        lines.append(f"{cell.key:34s} {cell.label:38s} finished: {finished:30s} to run: "
+                     + (", ".join(map(str, missing)) or "–"))
+
+    def cpu(r):
+        stages = [r["pretrain"], *finetunings(grid, r)]
+        if any("copied_from" in st or st.get("cpu_s") is None for st in stages):
+            return None
+        return sum(st["cpu_s"] for st in stages)
+    ran = [r for rs in results.values() for r in rs]
+    mean = {kind: statistics.fmean(c) if c else None for kind, c in (
+        (kind, [x for x in (cpu(r) for r in ran if bool(r["pretrain"].get("steps")) == kind)
+                if x is not None]) for kind in (True, False))}
+    total = sum(len(results.get(c.key, [])) for c in cells) + len(todo)
+    summary = f"{total - len(todo)} of {total} cell-seeds finished, {len(todo)} to run"
+    if todo and all(mean[c.pretrained] is not None for c in todo):
+        hours = sum(mean[c.pretrained] for c in todo) / 3600
+        cost = f"{hours:.1f} CPU-hours" if hours >= 1 else f"{hours * 60:.0f} CPU-minutes"
+        summary += f": about {cost} at the mean CPU time of the finished ones that ran here"
+    return "\n".join(lines + [summary])
+
+
 def check_plotting() -> None:
     """`t2t ablate` ends by drawing its chart: say before any cell runs if it cannot."""
     try:

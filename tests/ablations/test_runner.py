@@ -232,6 +232,27 @@ def test_the_compute_table_says_which_precision_each_seed_ran_in(ran):
     assert report.precisions(mixed[1:]) == "bfloat16"
 
 
+def test_list_says_which_seeds_finished_and_what_the_rest_should_cost(ran, capsys):
+    from t2t import precision
+    grid, out, _ = ran
+    here = precision.resolve_dtype("auto")
+    results = runner.load_results(grid, out)
+    text = report.status(grid, results, grid.cells, [0, 1])
+    lines = text.splitlines()
+    assert lines[0].startswith("encoder_decoder") and "Encoder-decoder" in lines[0]
+    assert f"finished: 0 ({here})" in lines[0] and lines[0].endswith("to run: 1")
+    cpu = [sum(st["cpu_s"] for st in [r["pretrain"], *r["finetune"].values()])
+           for rs in results.values() for r in rs]
+    minutes = sum(cpu) / 60          # seed 1 of both cells at their mean: the same sum
+    assert lines[-1] == (f"2 of 4 cell-seeds finished, 2 to run: about {minutes:.0f} "
+                         "CPU-minutes at the mean CPU time of the finished ones that ran here")
+    assert report.status(grid, results, grid.cells, [0]).splitlines()[-1] == \
+        "2 of 2 cell-seeds finished, 0 to run"
+    main(["ablate", grid.source, "--scale=tiny", f"--out_dir={out}", "--list"])
+    assert capsys.readouterr().out.strip() == report.status(grid, results, grid.cells,
+                                                            [0]).strip()
+
+
 def test_each_stage_records_the_vocabulary_file_it_used(ran):
     """Trained vocabularies are named by a digest of their corpus: a stage says which."""
     from t2t.data import tasks
