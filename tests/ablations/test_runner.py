@@ -493,3 +493,29 @@ def test_heldout_scorer_is_two_evaluations_in_one_forward_pass(ran):
     dots = [text.count(" dot(") for text in (scorer.lowered(params).compile().as_text(),
                                              one_step.compile().as_text())]
     assert dots[0] == dots[1] > 0, dots
+
+
+def test_compare_puts_two_runs_of_a_cell_side_by_side_seed_by_seed(ran, tmp_path, capsys):
+    """`python -m t2t.ablations.compare A B`: the scale's columns for each common seed, A,
+    B and B − A, their mean, and what each side ran on; a bad directory is one line."""
+    import shutil
+    from t2t import precision
+    from t2t.ablations import compare
+    grid, out, _ = ran
+    a = os.path.dirname(runner.cell_dir(out, grid, grid.cells[0], 0))
+    b = str(tmp_path / "rerun")
+    shutil.copytree(a, b)
+    result = json.load(open(os.path.join(b, "seed0", "result.json")))
+    bleu = result["finetune"]["bible_style_kjv_to_web"]["metrics"]["bleu"]
+    result["finetune"]["bible_style_kjv_to_web"]["metrics"]["bleu"] = bleu + 1.5
+    runner._write(os.path.join(b, "seed0", "result.json"), result)
+    text = compare.compare(a, b, grid.source)
+    loss = result["pretrain"]["final_loss"]
+    assert f"| 0 | {bleu:.2f} / {bleu + 1.5:.2f} / +1.50 | {loss:.2f} / {loss:.2f} / +0.00 |" \
+        in text
+    assert "| mean ± sd of B − A | +1.50 (n=1) | +0.00 (n=1) |" in text
+    vocab = result["pretrain"]["vocabulary"]
+    assert text.count(f"precision {precision.resolve_dtype('auto')}; vocabulary {vocab}") == 2
+    assert text.count("code t2t ") == 2
+    assert compare.main([a, str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
