@@ -118,9 +118,10 @@ def _model_facts(exp) -> Dict[str, Any]:
 
 
 def vocabulary_file(exp) -> Optional[str]:
-    """The file name of the stage's task vocabulary, or None (a vocabulary t2t trains is named
-    by a digest of its corpus, so a corpus rebuilt from newer packages shows here)."""
-    vocab = getattr(exp.task, "vocabulary", None)
+    """The file name of the vocabulary the stage's task built (a vocabulary t2t trains is
+    named by a digest of its corpus, so a corpus rebuilt from newer packages shows here), or
+    None: a mixture, or a run that tokenised without it (BERT's fine-tunings on GLUE)."""
+    vocab = getattr(exp.task, "built_vocabulary", None)
     path = getattr(vocab, "model_file", None) or getattr(vocab, "vocab_file", None)
     return os.path.basename(path) if path else None
 

@@ -66,6 +66,12 @@ class Task:
         return self._vocabulary
 
     @property
+    def built_vocabulary(self) -> Any:
+        """The vocabulary if it was given or has been built, else None (never builds one)."""
+        vocab = self._vocabulary
+        return None if callable(vocab) and not hasattr(vocab, "encode") else vocab
+
+    @property
     def source(self) -> RandomAccessSource:
         if self._source is None:
             self._source = self.source_fn()

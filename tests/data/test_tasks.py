@@ -77,8 +77,9 @@ def test_vocabulary_is_lazy():
         return FakeSentencePiece()
 
     task = T.Task("lazy", functools.partial(ListSource, TEXTS), [T.tokenize], build)
-    assert calls == []
+    assert calls == [] and task.built_vocabulary is None and calls == []
     assert task.vocabulary is task.vocabulary and calls == [1]
+    assert task.built_vocabulary is task.vocabulary
 
 
 def test_preprocess_seeds_and_flattening():
