@@ -52,13 +52,14 @@ def ran_on(cell_dir: str, seeds: Sequence[int], results: Dict[int, Dict[str, Any
     """'float32, spm_16000_fa8c….model, t2t 0.1.0 @ b309fee': what a side's seeds ran on."""
     precision, vocab, code = set(), set(), set()
     for seed in seeds:
+        result = results[seed]
         stages = [os.path.join(cell_dir, f"seed{seed}", "pretrain")] + glob.glob(
             os.path.join(cell_dir, f"seed{seed}", "finetune", "*"))
-        for stage in stages:
-            text = runner._read_text(os.path.join(stage, "config.gin")) or ""
-            precision.add(runner.stage_precision(text))
-            vocab.add((runner._read(os.path.join(stage, "stage.json")) or {}).get("vocabulary"))
-        code.add(results[seed].get("code"))
+        precision |= {runner.stage_precision(runner._read_text(os.path.join(d, "config.gin"))
+                                             or "") for d in stages}
+        vocab |= {st.get("vocabulary") for st in [result["pretrain"],
+                                                   *result["finetune"].values()]}
+        code.add(result.get("code"))
     said = lambda values: " / ".join(sorted(v for v in values if v)) or "unrecorded"  # noqa: E731
     return f"precision {said(precision)}; vocabulary {said(vocab)}; code {said(code)}"
 

@@ -290,15 +290,18 @@ def finetunings(grid, result: Mapping[str, Any]) -> List[Mapping[str, Any]]:
             if task in result["finetune"]]
 
 
+def cpu_total(grid: Grid, result: Mapping[str, Any]) -> Optional[float]:
+    """CPU seconds of one finished cell-seed: pretraining, its held-out scores, every
+    fine-tuning and scoring on the scale's tasks; None where the runner did not record them."""
+    pre = result["pretrain"]
+    parts = [pre.get("cpu_s")] + [s.get("cpu_s") for s in finetunings(grid, result)]
+    parts += [pre[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in pre]
+    return None if None in parts else sum(parts)
+
+
 def _cpu(grid, found: Sequence[Mapping[str, Any]]) -> str:
-    """Mean CPU seconds of a cell: pretraining, its held-out scores, every fine-tuning and
-    scoring on the scale's tasks; '–' for results from before the runner recorded them."""
-    def total(r):
-        pre = r["pretrain"]
-        parts = [pre.get("cpu_s")] + [s.get("cpu_s") for s in finetunings(grid, r)]
-        parts += [pre[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in pre]
-        return None if None in parts else sum(parts)
-    totals = [total(r) for r in found]
+    """Mean CPU seconds of a cell; '–' for results from before the runner recorded them."""
+    totals = [cpu_total(grid, r) for r in found]
     return "–" if None in totals else f"{statistics.fmean(totals):.0f} s"
 
 
@@ -315,20 +318,16 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
         finished = f"{', '.join(map(str, done))} ({precisions(found)})" if found else "–"
         lines.append(f"{cell.key:34s} {cell.label:38s} finished: {finished:30s} to run: "
                      + (", ".join(map(str, missing)) or "–"))
-
-    def cpu(r):
-        stages = [r["pretrain"], *finetunings(grid, r)]
-        if any("copied_from" in st or st.get("cpu_s") is None for st in stages):
-            return None
-        return sum(st["cpu_s"] for st in stages)
-    ran = [r for rs in results.values() for r in rs]
-    mean = {kind: statistics.fmean(c) if c else None for kind, c in (
-        (kind, [x for x in (cpu(r) for r in ran if bool(r["pretrain"].get("steps")) == kind)
-                if x is not None]) for kind in (True, False))}
+    costs: Dict[bool, List[float]] = {True: [], False: []}    # pretrained? -> CPU seconds
+    for r in (r for rs in results.values() for r in rs):
+        copied = any("copied_from" in st for st in [r["pretrain"], *finetunings(grid, r)])
+        cost = cpu_total(grid, r)
+        if not copied and cost is not None:
+            costs[bool(r["pretrain"].get("steps"))].append(cost)
     total = sum(len(results.get(c.key, [])) for c in cells) + len(todo)
     summary = f"{total - len(todo)} of {total} cell-seeds finished, {len(todo)} to run"
-    if todo and all(mean[c.pretrained] is not None for c in todo):
-        hours = sum(mean[c.pretrained] for c in todo) / 3600
+    if todo and all(costs[c.pretrained] for c in todo):
+        hours = sum(statistics.fmean(costs[c.pretrained]) for c in todo) / 3600
         cost = f"{hours:.1f} CPU-hours" if hours >= 1 else f"{hours * 60:.0f} CPU-minutes"
         summary += f": about {cost} at the mean CPU time of the finished ones that ran here"
     return "\n".join(lines + [summary])

@@ -200,6 +200,13 @@ def ran_on_another_host(stage_dir: str, config_str: str, upstream: str = "") -> 
     return sha
 
 
+def stage_fingerprint(stage_dir: str, config_str: str, upstream: str = "") -> str:
+    """The fingerprint a stage runs under: `fingerprint`'s, or the one `stage_dir` finished
+    under on another kind of host (`ran_on_another_host`)."""
+    return (ran_on_another_host(stage_dir, config_str, upstream)
+            or fingerprint(config_str, upstream))
+
+
 def result_precision(out_dir: str, grid: Grid, cell: Cell, seed: int) -> Optional[str]:
     """The precision of a finished cell's stages, 'bfloat16 + float32' if they differ (read
     from their config.gin, so results written before this field have it too)."""
@@ -301,7 +308,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
     exp = experiment_lib.experiment()
     config_str = experiment_lib.operative_config(exp)
-    sha = ran_on_another_host(model_dir, config_str) or fingerprint(config_str)
+    sha = stage_fingerprint(model_dir, config_str)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage, sha
@@ -403,8 +410,7 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
     split = grid.scale.split_of(task)
     tail = f"{split} {grid.scale.eval_examples}"
     upstream = f"{pretrained_sha} {tail}"
-    sha = ran_on_another_host(model_dir, config_str, upstream) or fingerprint(config_str,
-                                                                              upstream)
+    sha = stage_fingerprint(model_dir, config_str, upstream)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage
