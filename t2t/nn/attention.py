@@ -68,19 +68,14 @@ def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_r
         kernel, q_len=q.shape[1], k_len=k.shape[1], bias=bias is not None,
         dropout=not deterministic and dropout_rate > 0.0,
         structured=mask is None or isinstance(mask, attention_kernels.SegmentedMask),
-        batch_heads=(q.shape[0], q.shape[2]))
+        batch_heads=(q.shape[0], q.shape[2]), dtype=jnp.dtype(q.dtype).name,
+        head_dim=q.shape[-1])
     if kernel == "splash":
         q = q * jnp.asarray(scale, q.dtype) if scale != 1.0 else q
         return attention_kernels.splash_attention(q, k, v, mask)
     mask = attention_kernels.dense(mask)
     if kernel == "cudnn":
-        b, ql, h, _ = q.shape
-        kl = k.shape[1]
-        if mask is not None:
-            mask = jnp.broadcast_to(mask, (b, h, ql, kl))
-        if bias is not None:
-            bias = jnp.broadcast_to(bias, (b, h, ql, kl)).astype(q.dtype)
-        return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+        return _jax_attention(q, k, v, mask, bias, scale)
     if scale != 1.0:
         q = q * jnp.asarray(scale, q.dtype)
     logits = mixed_einsum.einsum("bqhd,bkhd->bhqk", q, k, dtype)       # float32
@@ -88,6 +83,25 @@ def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_r
         logits = logits + bias.astype(jnp.float32)
     return attend(logits, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
                   deterministic=deterministic, dtype=dtype)
+
+
+def _jax_attention(q, k, v, mask, bias, scale):
+    """`jax.nn.dot_product_attention`: cuDNN's fused kernel on a GPU, JAX's XLA version
+    elsewhere. On the GPU bias [1, heads, q, k] stays unbroadcast (cuDNN sums its gradient
+    over the batch itself); a mask is folded into it as -inf-like entries by JAX."""
+    if bias is not None:
+        bias = bias.astype(q.dtype)
+    if attention_kernels.target_platform() in attention_kernels.GPU_PLATFORMS:
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                            implementation="cudnn")
+    b, ql, h, _ = q.shape
+    shape = (b, h, ql, k.shape[1])
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, shape)
+    if bias is not None:
+        bias = jnp.broadcast_to(bias, shape)
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                        implementation="xla")
 
 
 def attend(logits, v, mask, *, dropout_rate, dropout_rng, deterministic, dtype):

@@ -2,8 +2,10 @@
 
 - "xla": t2t's own einsum → masked float32 softmax → einsum (t2t/nn/attention.py); the
   [batch, heads, q_len, k_len] logits live in memory.
-- "cudnn": `jax.nn.dot_product_attention` (cuDNN's fused kernel on an NVIDIA GPU, XLA's
-  implementation of the same function elsewhere).
+- "cudnn": `jax.nn.dot_product_attention` with `implementation="cudnn"` on an NVIDIA GPU
+  (cuDNN's fused flash-attention kernel: bfloat16/float16 inputs, head_dim <= 256 and a
+  multiple of 8, even lengths with a bias; otherwise the layer falls back to XLA and says
+  why), JAX's XLA implementation of the same function elsewhere (the CPU tests).
 - "splash": the Pallas splash-attention kernel for TPUs
   (`jax.experimental.pallas.ops.tpu.splash_attention`): FlashAttention's blockwise online
   softmax (Dao et al. 2022, Algorithm 1), which never materialises the logits, with
@@ -35,6 +37,8 @@ _log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "xla", "cudnn", "splash")
 AUTO = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "cudnn"}
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+CUDNN_DTYPES = ("bfloat16", "float16")   # cuDNN's fused attention takes no float32
 SPLASH_BLOCK = 128     # the kernel's default q and kv block: lengths must be multiples
 QKV_AXES = ("batch", "length", "heads", "kv")
 
@@ -79,13 +83,19 @@ def wants_structure(kernel: str, platform: Optional[str] = None) -> bool:
 
 def choose(kernel: str, *, q_len: int, k_len: int, bias: bool, dropout: bool,
            structured: bool, platform: Optional[str] = None,
-           batch_heads: Optional[tuple] = None) -> str:
+           batch_heads: Optional[tuple] = None, dtype: Optional[str] = None,
+           head_dim: Optional[int] = None) -> str:
     """"xla", "cudnn" or "splash" for one attention call; a fallback to XLA is logged
     once with its reason. `structured`: the mask is None or a SegmentedMask;
-    `batch_heads`: (batch, heads), checked against the mesh's split of them."""
+    `batch_heads`: (batch, heads), checked against the mesh's split of them; `dtype` (the
+    inputs' dtype name) and `head_dim`: checked against cuDNN's limits on a GPU."""
+    platform = platform or target_platform()
     chosen = resolve(kernel, platform)
     if chosen == "cudnn" and dropout:
         return _fall_back(kernel, chosen, "attention-probability dropout in training")
+    if chosen == "cudnn" and platform in GPU_PLATFORMS:
+        return _cudnn_or_xla(kernel, q_len=q_len, k_len=k_len, bias=bias, dtype=dtype,
+                             head_dim=head_dim)
     if chosen != "splash":
         return chosen
     if bias:
@@ -105,6 +115,21 @@ def choose(kernel: str, *, q_len: int, k_len: int, bias: bool, dropout: bool,
         return _fall_back(kernel, chosen, f"(batch, heads) {tuple(batch_heads)} that the "
                           f"mesh does not split evenly {ways} (the parameter check says so)")
     return "splash"
+
+
+def _cudnn_or_xla(kernel: str, *, q_len: int, k_len: int, bias: bool,
+                  dtype: Optional[str], head_dim: Optional[int]) -> str:
+    """"cudnn" where cuDNN's fused kernel takes this call (jax/_src/cudnn's checks), else
+    "xla" with the reason logged."""
+    if dtype is not None and dtype not in CUDNN_DTYPES:
+        return _fall_back(kernel, "cudnn", f"{dtype} inputs (it takes bfloat16 or float16: "
+                          f"TransformerConfig.dtype='bfloat16')")
+    if head_dim is not None and (head_dim > 256 or head_dim % 8):
+        return _fall_back(kernel, "cudnn", f"head_dim {head_dim} (at most 256, a multiple "
+                          f"of 8)")
+    if bias and (q_len % 2 or k_len % 2):
+        return _fall_back(kernel, "cudnn", f"odd lengths {q_len} x {k_len} with a bias")
+    return "cudnn"
 
 
 def _mesh_ways() -> Optional[tuple]:

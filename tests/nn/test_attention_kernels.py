@@ -40,6 +40,24 @@ def test_splash_falls_back_to_xla_and_says_why(caplog, change, reason):
     assert reason in caplog.text and "runs on XLA" in caplog.text
 
 
+@pytest.mark.parametrize("change, reason", [
+    (dict(dtype="float32"), "float32 inputs"),
+    (dict(head_dim=12), "head_dim 12"),
+    (dict(head_dim=320), "head_dim 320"),
+    (dict(bias=True, q_len=113), "odd lengths 113 x 128 with a bias"),
+])
+def test_cudnn_on_a_gpu_falls_back_where_cudnn_cannot_run(caplog, change, reason):
+    """jax/_src/cudnn's own checks, made before tracing so a layer runs on XLA instead
+    of failing to compile; the same call in bfloat16 with head_dim 64 takes cuDNN."""
+    ak._fall_back.cache_clear()
+    fits = {**PLAIN, "dtype": "bfloat16", "head_dim": 64}
+    assert ak.choose("auto", platform="gpu", **{**fits, "bias": True}) == "cudnn"
+    with caplog.at_level("INFO", logger="t2t.nn.attention_kernels"):
+        assert ak.choose("auto", platform="gpu", **{**fits, **change}) == "xla"
+    assert reason in caplog.text and "runs on XLA" in caplog.text
+    assert ak.choose("cudnn", platform="cpu", **{**fits, **change}) == "cudnn"  # JAX's XLA
+
+
 def test_heads_the_mesh_does_not_split_fall_back():
     """GPT-2 XL's 25 heads on tensor=2: XLA, so the parameter check's one line is what a
     person sees (tests/train/test_compile.py)."""
@@ -130,3 +148,28 @@ def test_structured_masks_only_where_splash_may_run():
     plain = ak.structured_mask(TransformerConfig(attention_kernel="xla"),
                                segment_mask(seg, seg), seg, seg)
     assert not isinstance(plain, ak.SegmentedMask)
+
+
+def test_cudnn_on_a_gpu_asks_jax_for_cudnn_by_name(monkeypatch):
+    """jax.nn.dot_product_attention's default implementation is XLA on every backend, so
+    the GPU path must name cuDNN; the [1, heads, q, k] bias reaches it unbroadcast, in the
+    inputs' dtype (cuDNN sums its gradient over the batch)."""
+    seen = {}
+
+    def fake(q, k, v, *, bias, mask, scale, implementation):
+        seen.update(bias=bias, mask=mask, implementation=implementation)
+        return q
+
+    monkeypatch.setattr(ak, "target_platform", lambda: "gpu")
+    monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(2, 8, 8, heads=4, d=64))
+    bias = jnp.zeros((1, 4, 8, 8), jnp.float32)
+    dot_product_attention(q, k, v, causal_mask(8), bias, scale=1.0, kernel="auto",
+                          **{**KW, "dtype": jnp.bfloat16})
+    assert seen["implementation"] == "cudnn"
+    assert seen["bias"].shape == (1, 4, 8, 8) and seen["bias"].dtype == jnp.bfloat16
+    assert seen["mask"].shape == (1, 1, 8, 8)
+    seen.clear()
+    dot_product_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                          v.astype(jnp.float32), None, bias, scale=1.0, kernel="auto", **KW)
+    assert not seen        # float32 inputs: t2t's XLA attention, cuDNN never called
