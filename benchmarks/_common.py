@@ -67,7 +67,7 @@ def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1
                 cpu: Optional[Dict[str, List[float]]] = None) -> Dict[str, List[float]]:
     """Warm each fn up, then time them A, B, C, A, B, C, ... so machine drift hits all.
     Wall seconds per call; `cpu`, when given, gets each call's process CPU seconds."""
-    for name, fn in fns.items():
+    for name, fn in fns.items() if warmup else ():
         t0 = time.perf_counter()
         for _ in range(warmup):
             fn()

@@ -15,7 +15,8 @@ peak of its own precision (float32, or bf16 inputs with float32 accumulation), m
 start-up (``--peak`` gives the ``--peak-dtype`` one instead). t2t variants (levers):
 ``t2t`` (float32), ``t2t_bf16`` (bfloat16 matmuls, float32 accumulation and params),
 ``t2t_auto`` (``dtype="auto"``: whichever of the two this host prefers),
-``t2t_fused`` (``attention_kernel="cudnn"``), ``t2t_bf16_fused``, ``t2t_nodropout``; the peers
+``t2t_fused`` (``attention_kernel="cudnn"``), ``t2t_bf16_fused``, ``t2t_bf16_xla`` (XLA
+attention), ``t2t_bf16_scan`` (``scan_layers=True``), ``t2t_nodropout``; the peers
 have ``torch_bf16`` (``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward and
 loss), ``hf_flax_nodropout`` and ``torch_nodropout`` (every dropout rate 0), against which
 ``t2t_nodropout`` rows are compared. HF Flax's BERT and GPT-2 draw one attention-dropout
@@ -25,8 +26,9 @@ papers. The header records the CPU and its bf16 flags.
     python benchmarks/train_step.py [--models bert,t5,gpt]
                                     [--impls t2t,t2t_bf16,t2t_auto,hf_flax,torch,torch_bf16]
                                     [--rounds 3] [--no-write]
-    # on a GPU (the issue's accelerator run): large models, bf16, MFU vs the bf16 peak
-    python benchmarks/train_step.py --models bert,t5 --size large --batch 32 --impls t2t_bf16
+    # on a GPU (the issue's accelerator run): large models, bf16, MFU vs the bf16 peak;
+    # benchmarks/gpu_step.sh runs the peers in their own process
+    python benchmarks/train_step.py --models t5 --size large --batch 64 --impls t2t_bf16_scan
 """
 from __future__ import annotations
 
@@ -227,15 +229,17 @@ def build_hf_flax(model: str, dropout: bool = True):
 
 # ----------------------------------------------------------------------------- torch
 def build_torch(model: str, dropout: bool = True, bf16: bool = False):
-    """`bf16`: forward and loss under torch.autocast("cpu", bfloat16), backward outside it
-    (PyTorch's recipe); float32 params and AdamW either way."""
+    """`bf16`: forward and loss under torch.autocast(device, bfloat16), backward outside it
+    (PyTorch's recipe); float32 params and AdamW either way. On CUDA when torch sees a
+    GPU (its fused AdamW there), else on the CPU."""
     import torch
     import transformers as tr
 
     torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     config = hf_config(model, dropout)
-    b = {k: torch.from_numpy(np.asarray(v)).long() if v.dtype != np.float32
-         else torch.from_numpy(v) for k, v in make_batch(model).items()}
+    b = {k: (torch.from_numpy(np.asarray(v)).long() if v.dtype != np.float32
+             else torch.from_numpy(v)).to(device) for k, v in make_batch(model).items()}
     if model == "bert":
         net = tr.BertForPreTraining(config)
         labels = torch.full_like(b["encoder_input_tokens"], -100)
@@ -259,12 +263,13 @@ def build_torch(model: str, dropout: bool = True, bf16: bool = False):
             logits = net(input_ids=ids[:, :-1]).logits
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1),
                                                      ids[:, 1:].flatten())
-    net.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD)
+    net.to(device).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD,
+                            fused=device == "cuda")
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             loss = loss_fn()
         loss.backward()
         opt.step()
@@ -278,6 +283,8 @@ IMPLS = {
     "t2t_auto": lambda m: build_t2t(m, dtype="auto")[0],
     "t2t_fused": lambda m: build_t2t(m, attention_kernel="cudnn")[0],
     "t2t_bf16_fused": lambda m: build_t2t(m, dtype="bfloat16", attention_kernel="cudnn")[0],
+    "t2t_bf16_xla": lambda m: build_t2t(m, dtype="bfloat16", attention_kernel="xla")[0],
+    "t2t_bf16_scan": lambda m: build_t2t(m, dtype="bfloat16", scan_layers=True)[0],
     "t2t_nodropout": lambda m: build_t2t(m, dropout_rate=0.0, attention_dropout_rate=0.0)[0],
     "hf_flax": build_hf_flax,
     "hf_flax_nodropout": lambda m: build_hf_flax(m, dropout=False),
@@ -305,6 +312,28 @@ def title(model: str) -> str:
     if model == "t5":
         return f"T5.1.1-{'large' if large else 'base'} {g['batch']}x({g['inputs']}+{g['targets']})"
     return f"GPT-2 {'large' if large else 'small'} {g['batch']}x{g['length']}"
+
+
+def warmed_up(model: str, impls) -> dict:
+    """{impl: step} built and run once each (compiled); an impl that fails to build or
+    compile (out of memory at a large batch, a kernel this device lacks) is reported in one
+    line and left out of the round rather than ending the run."""
+    import time
+    fns = {}
+    for name in impls:
+        t0 = time.perf_counter()
+        try:
+            fn = IMPLS[name](model)
+            fn()
+        except Exception as e:   # noqa: BLE001 - any failure drops the row, the run goes on
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            print(f"  {name}: failed, left out: {type(e).__name__}: {first}", flush=True)
+            gc.collect()
+            continue
+        fns[name] = fn
+        print(f"  warm-up {name}: {time.perf_counter() - t0:.1f} s (load "
+              f"{_common.loadavg()})", flush=True)
+    return fns
 
 
 def main(argv=None) -> None:
@@ -350,15 +379,15 @@ def main(argv=None) -> None:
     rows, loads = [], [_common.loadavg()]
     for model in args.models.split(","):
         print(f"== {model}", flush=True)
-        fns = {name: IMPLS[name](model) for name in impls}
+        fns = warmed_up(model, impls)
         cpu: dict = {}
-        times = _common.interleaved(fns, args.rounds, log=lambda s: print(s, flush=True),
-                                    cpu=cpu)
+        times = _common.interleaved(fns, args.rounds, warmup=0,
+                                    log=lambda s: print(s, flush=True), cpu=cpu)
         loads.append(_common.loadavg())
         f = step_flops(model)
         ntok = tokens_per_step(model)
         med = {k: _common.median(v) for k, v in times.items()}
-        for name in impls:
+        for name in fns:
             # A *_nodropout row is compared with the peers' *_nodropout rows when present.
             suffix = "_nodropout" if name.endswith("_nodropout") else ""
             base = {k: med.get(k + suffix, med.get(k)) for k in peers}
@@ -367,7 +396,7 @@ def main(argv=None) -> None:
                          f"{t * 1e3:,.0f}", f"{ntok / t:,.0f}", f"{f / t / 1e9:,.0f}",
                          f"{100 * f / t / peaks[dtypes[name]]:.0f}%",
                          f"{_common.median(cpu[name]) / t:.2f}",
-                         *(f"{base[k] / t:.2f}x" for k in peers)])
+                         *("–" if base[k] is None else f"{base[k] / t:.2f}x" for k in peers)])
         del fns
         gc.collect()
     header = ["model", "impl", "matmuls", "step ms (median)", "tokens/s", "model GFLOP/s",
