@@ -6,7 +6,8 @@
 # in the same run.
 #
 #   bash benchmarks/gpu_step.sh [BATCH] [MODELS] [T2T_IMPLS] [PEER_IMPLS]
-#   e.g. bash benchmarks/gpu_step.sh 64 t5 t2t_bf16,t2t_bf16_xla torch_bf16
+#   e.g. bash benchmarks/gpu_step.sh 64 t5 t2t_bf16_scan,t2t_bf16_xla torch_bf16
+#   PROFILE=t2t_bf16_scan bash benchmarks/gpu_step.sh 64 t5 t2t_bf16_scan ""   # + a profile
 #
 # On a machine whose Python lacks t2t's pure-Python pins, put their wheels in .whl/ first
 # (flax, optax, orbax-checkpoint, gin-config); they are installed to /tmp/site here.
@@ -36,4 +37,10 @@ run() {   # run NAME TIMEOUT ARGS...: one benchmark process, its log under $OUT
 run t2t "${T2T_TIMEOUT:-330}" --impls "$T2T" --rounds "${ROUNDS:-5}"
 # the peers' process uses JAX only for the peak matmul: keep it from taking the GPU's memory
 [ -n "$PEERS" ] && XLA_PYTHON_CLIENT_PREALLOCATE=false run peers "${PEER_TIMEOUT:-150}" --impls "$PEERS" --rounds "${ROUNDS:-5}"
+# PROFILE=IMPL: where that impl's step goes on the device, by HLO op (profile_step.py)
+if [ -n "${PROFILE:-}" ]; then
+  echo "=== profile $PROFILE"
+  timeout "${PROFILE_TIMEOUT:-200}" python3 benchmarks/profile_step.py --model "${MODELS%%,*}" \
+    --impl "$PROFILE" --size large --batch "$BATCH" --top 40 2>&1 | tee "$OUT/profile.log"
+fi
 cp benchmarks/RESULTS.md "$OUT/RESULTS.md"

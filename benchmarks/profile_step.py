@@ -10,6 +10,11 @@ backward ("bwd"). "Idle" is time with no traced op: mostly Eigen matmuls, which 
 asynchronously and are not traced.
 
     python benchmarks/profile_step.py --model gpt --impl t2t [--top 30] [--out DIR]
+                                      [--size large --batch 64]
+
+On a GPU (or TPU) only the device's own events count: its kernels run one after another on
+a stream, so each HLO op's time is the sum of its kernels' durations (the trace's
+``hlo_op``), and "idle" is the device waiting between them.
 
 ``--impl torch`` or ``torch_bf16`` profiles PyTorch's step instead (``torch.profiler``: each
 aten op's self CPU time summed over its calls, i.e. CPU time, not wall time). Compare two
@@ -45,7 +50,7 @@ def trace_step(model: str, impl: str, out: str) -> tuple[str, str]:
     with jax.profiler.trace(out, create_perfetto_trace=True):
         step()
     trace = glob.glob(f"{out}/**/perfetto_trace.json.gz", recursive=True)[0]
-    hlos = sorted(glob.glob(f"{out}/dump/*train_step*cpu_after_optimizations.txt"),
+    hlos = sorted(glob.glob(f"{out}/dump/*train_step*after_optimizations.txt"),
                   key=os.path.getsize)
     return trace, hlos[-1]
 
@@ -56,6 +61,10 @@ def shared_time(trace_path: str) -> tuple[dict, float, float]:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
     ops = [e for e in events if e.get("ph") == "X" and not e["name"].startswith(IGNORED)]
+    devices = device_pids(events)
+    if devices:                         # an accelerator: its kernels, named by their HLO op
+        ops = [{**e, "name": e.get("args", {}).get("hlo_op", e["name"])}
+               for e in ops if e.get("pid") in devices]
     edges = sorted([(e["ts"], 1, e["name"]) for e in ops]
                    + [(e["ts"] + e["dur"], -1, e["name"]) for e in ops])
     share, active = collections.Counter(), collections.Counter()
@@ -72,6 +81,13 @@ def shared_time(trace_path: str) -> tuple[dict, float, float]:
         if not active[name]:
             del active[name]
     return share, edges[-1][0] - edges[0][0], idle
+
+
+def device_pids(events) -> set:
+    """The trace's accelerator processes (perfetto process names '/device:GPU:0', ...)."""
+    return {e.get("pid") for e in events
+            if e.get("ph") == "M" and e.get("name") == "process_name"
+            and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
 
 
 def op_categories(hlo_text: str) -> dict:
@@ -118,7 +134,13 @@ def main(argv=None) -> None:
     p.add_argument("--impl", default="t2t")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out", default=None, help="keep the trace and HLO here")
+    p.add_argument("--size", default="base", choices=["base", "large"])
+    p.add_argument("--batch", type=int, default=None, help="rows per step (train_step's)")
     args = p.parse_args(argv)
+    import train_step   # first: its _common import picks JAX's platforms before JAX starts
+    train_step.SIZE = args.size
+    if args.batch:
+        train_step.BATCH[args.model]["batch"] = args.batch
     if args.impl.startswith("torch"):
         return profile_torch(args.model, args.impl, args.top)
     out = args.out or tempfile.mkdtemp(prefix="t2t_profile_")
@@ -129,8 +151,8 @@ def main(argv=None) -> None:
     grouped = collections.Counter()
     for name, t in share.items():
         grouped[categories.get(name, name)] += t
-    print(f"{args.impl} {args.model}: step span {span / 1e3:.0f} ms, idle (untraced, e.g. "
-          f"Eigen matmuls) {idle / 1e3:.0f} ms")
+    print(f"{args.impl} {args.model}: step span {span / 1e3:.0f} ms, idle (no traced op: "
+          f"on a CPU mostly Eigen matmuls, on a GPU the device waiting) {idle / 1e3:.0f} ms")
     print(f"{'ms':>8}  kind / operation")
     for name, t in grouped.most_common(args.top):
         print(f"{t / 1e3:8.1f}  {name}")
