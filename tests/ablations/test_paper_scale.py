@@ -22,7 +22,8 @@ T5_TEST = SHAPE + ["T5_PAPER_PRETRAIN_STEPS = 2", "T5_PAPER_FINETUNE_STEPS = 2",
                     "CORRUPTION_50_LENGTHS = {'inputs': 32, 'targets': 32}",
                     "SPAN_LENGTHS = {'inputs': 32, 'targets': 16}",
                     "FULL_TARGET_LENGTHS = {'inputs': 32, 'targets': 32}",
-                    "LM_LENGTHS = {'inputs': 16, 'targets': 16}"]
+                    "LM_LENGTHS = {'inputs': 16, 'targets': 16}",
+                    "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}"]
 T5_GRIDS = [f"configs/ablations/t5_table{n}.gin" for n in (2, 4, 5, 6, 7)]
 T5_CELLS = [(g, c.key) for g in T5_GRIDS
             for c in grid_lib.load_grid(g, "paper", ["T5_VOCABULARY = 'unused'"]).cells]
