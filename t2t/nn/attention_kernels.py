@@ -4,8 +4,9 @@
   [batch, heads, q_len, k_len] logits live in memory.
 - "cudnn": `jax.nn.dot_product_attention` with `implementation="cudnn"` on an NVIDIA GPU
   (cuDNN's fused flash-attention kernel: bfloat16/float16 inputs, head_dim <= 256 and a
-  multiple of 8, even lengths with a bias; otherwise the layer falls back to XLA and says
-  why), JAX's XLA implementation of the same function elsewhere (the CPU tests).
+  multiple of 8, even lengths with a bias, more than one query; otherwise the layer falls
+  back to XLA and says why), JAX's XLA implementation of the same function elsewhere (the
+  CPU tests).
 - "splash": the Pallas splash-attention kernel for TPUs
   (`jax.experimental.pallas.ops.tpu.splash_attention`): FlashAttention's blockwise online
   softmax (Dao et al. 2022, Algorithm 1), which never materialises the logits, with
@@ -127,6 +128,9 @@ def _cudnn_or_xla(kernel: str, *, q_len: int, k_len: int, bias: bool,
     if head_dim is not None and (head_dim > 256 or head_dim % 8):
         return _fall_back(kernel, "cudnn", f"head_dim {head_dim} (at most 256, a multiple "
                           f"of 8)")
+    if q_len == 1:
+        return _fall_back(kernel, "cudnn", "one query at a time (a decoding step; the fused "
+                          "kernel gains nothing there)")
     if bias and (q_len % 2 or k_len % 2):
         return _fall_back(kernel, "cudnn", f"odd lengths {q_len} x {k_len} with a bias")
     return "cudnn"

@@ -45,6 +45,7 @@ def test_splash_falls_back_to_xla_and_says_why(caplog, change, reason):
     (dict(head_dim=12), "head_dim 12"),
     (dict(head_dim=320), "head_dim 320"),
     (dict(bias=True, q_len=113), "odd lengths 113 x 128 with a bias"),
+    (dict(q_len=1), "a decoding step"),
 ])
 def test_cudnn_on_a_gpu_falls_back_where_cudnn_cannot_run(caplog, change, reason):
     """jax/_src/cudnn's own checks, made before tracing so a layer runs on XLA instead
