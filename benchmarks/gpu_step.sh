@@ -9,8 +9,11 @@
 #   e.g. bash benchmarks/gpu_step.sh 64 t5 t2t_bf16_scan,t2t_bf16_xla torch_bf16
 #   PROFILE=t2t_bf16_scan bash benchmarks/gpu_step.sh 64 t5 t2t_bf16_scan ""   # + a profile
 #
-# On a machine whose Python lacks t2t's pure-Python pins, put their wheels in .whl/ first
-# (flax, optax, orbax-checkpoint, gin-config); they are installed to /tmp/site here.
+# On a machine whose Python lacks t2t's pure-Python pins, put their wheels in .whl/ first;
+# they are installed to /tmp/site here. For a Python 3.12 machine with its own jax:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .whl flax==0.12.8 optax==0.2.8 \
+#     orbax-checkpoint==0.12.8 gin-config==0.5.0
 # Logs and the appended benchmarks/RESULTS.md go to $OUT when it is set.
 set -u
 BATCH=${1:-64}
