@@ -26,6 +26,7 @@ CPUINFO = Path("/proc/cpuinfo")
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")          # native bf16 dot products on x86
 REPORTED_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")  # JAX's names for a GPU backend
 MIN_GPU_CAPABILITY = 8.0     # Ampere: bf16 tensor cores
 PROBE_MIN_SPEEDUP = 1.2      # bf16 must beat float32 by this much to be chosen by the probe
 
@@ -83,7 +84,7 @@ def choose(platform: str, *, cpu_flags: Optional[FrozenSet[str]] = None,
     """
     if platform == "tpu":
         return Choice("bfloat16", "TPU")
-    if platform in ("gpu", "cuda", "rocm"):
+    if platform in GPU_PLATFORMS:
         if _capability(gpu_capability) < MIN_GPU_CAPABILITY:
             return Choice("float32", f"GPU compute capability {gpu_capability} has no bf16 "
                                      "tensor cores")

@@ -16,6 +16,7 @@ from t2t.nn.linformer import LowRankKeys
 from t2t.nn.position import apply_rotary
 from t2t.nn.residual import fixup_bias, fixup_init
 from t2t.nn.synthesizer import SyntheticLogits, mix_logits, uses_dot_product
+from t2t.precision import GPU_PLATFORMS
 
 BIG_NEG = -1e10  # masked logits; finite so fully-masked (padding) rows stay NaN-free
 
@@ -91,7 +92,7 @@ def _jax_attention(q, k, v, mask, bias, scale):
     over the batch itself); a mask is folded into it as -inf-like entries by JAX."""
     if bias is not None:
         bias = bias.astype(q.dtype)
-    if attention_kernels.target_platform() in attention_kernels.GPU_PLATFORMS:
+    if attention_kernels.target_platform() in GPU_PLATFORMS:
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                             implementation="cudnn")
     b, ql, h, _ = q.shape

@@ -34,11 +34,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from t2t.precision import GPU_PLATFORMS
+
 _log = logging.getLogger(__name__)
 
 KERNELS = ("auto", "xla", "cudnn", "splash")
-AUTO = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "cudnn"}
-GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+AUTO = {"tpu": "splash", **{gpu: "cudnn" for gpu in GPU_PLATFORMS}}
 CUDNN_DTYPES = ("bfloat16", "float16")   # cuDNN's fused attention takes no float32
 SPLASH_BLOCK = 128     # the kernel's default q and kv block: lengths must be multiples
 QKV_AXES = ("batch", "length", "heads", "kv")

@@ -77,7 +77,7 @@ def test_vocabulary_is_lazy():
         return FakeSentencePiece()
 
     task = T.Task("lazy", functools.partial(ListSource, TEXTS), [T.tokenize], build)
-    assert calls == [] and task.built_vocabulary is None and calls == []
+    assert task.built_vocabulary is None and calls == []      # asking does not build it
     assert task.vocabulary is task.vocabulary and calls == [1]
     assert task.built_vocabulary is task.vocabulary
 
