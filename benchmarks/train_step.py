@@ -38,6 +38,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -318,7 +319,6 @@ def warmed_up(model: str, impls) -> dict:
     """{impl: step} built and run once each (compiled); an impl that fails to build or
     compile (out of memory at a large batch, a kernel this device lacks) is reported in one
     line and left out of the round rather than ending the run."""
-    import time
     fns = {}
     for name in impls:
         t0 = time.perf_counter()
