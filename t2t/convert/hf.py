@@ -107,7 +107,10 @@ def t5_config(d: Mapping) -> TransformerConfig:
         relative_buckets=d.get("relative_attention_num_buckets", 32),
         relative_max_distance=d.get("relative_attention_max_distance", 128),
         tie_embeddings=tied, scale_tied_logits=tied, attention_scale="folded",
-        dropout_rate=d.get("dropout_rate", 0.1), kernel_init="variance_scaling")
+        # HF's T5 drops out the residual branches, the attention weights and the feed-forward
+        # activations, all at dropout_rate
+        dropout_rate=d.get("dropout_rate", 0.1), mlp_dropout_rate=d.get("dropout_rate", 0.1),
+        kernel_init="variance_scaling")
 
 
 def gpt2_config(d: Mapping) -> TransformerConfig:

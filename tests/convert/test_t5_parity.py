@@ -111,6 +111,10 @@ def test_config_mapping(hf_models):
     assert (c10.norm_type, c10.pre_norm, c10.use_bias, c10.attention_scale) == \
         ("rms", True, False, "folded")
     assert (c10.head_dim, c10.relative_buckets, c10.relative_max_distance) == (8, 32, 128)
+    # HF's T5DenseActDense and T5Attention drop out at dropout_rate, as the residuals do
+    rate = json.load(open(os.path.join(path, "config.json"))).get("dropout_rate", 0.1)
+    assert (c10.dropout_rate, c10.mlp_dropout_rate, c10.attention_dropout_rate) == \
+        (rate, rate, None)
     c11 = convert.t5_config(_hf_config(**VARIANTS["v1_1"]).to_dict())
     assert c11.mlp_activations == ("gelu_tanh", "linear")
     assert not c11.tie_embeddings and not c11.scale_tied_logits
