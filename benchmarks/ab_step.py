@@ -16,7 +16,13 @@ Levers (A and B: the variants compared; a patch is applied while its variant is 
                        out transposed)
   vs_hf_flax           not a lever: t2t float32 vs HF Flax float32, the CPU work of each step
 
+  f32_layout_cost      float32 laid-out products transposing the fewest elements (an output
+                       transpose, which XLA folds into the dot, counted) vs keeping each
+                       product's output order as bf16 must (T5 micro's tied-embedding
+                       gradient then writes the [tokens, vocab] logits gradient transposed)
+
     python benchmarks/ab_step.py --model gpt --lever bf16_backward [--rounds 6]
+    python benchmarks/ab_step.py --model t5 --size micro --lever f32_layout_cost
 """
 from __future__ import annotations
 
@@ -52,12 +58,28 @@ def _plain_autodiff_einsum():
         mixed_einsum.einsum = saved
 
 
+@contextlib.contextmanager
+def _keep_output_order():
+    """Float32 laid-out products keep their output order, as bf16's must (mixed_einsum)."""
+    from t2t.nn import mixed_einsum
+    saved = mixed_einsum.FLOAT32_LAYOUT_COST
+    mixed_einsum.FLOAT32_LAYOUT_COST = mixed_einsum.keep_output_order
+    try:
+        yield
+    finally:
+        mixed_einsum.FLOAT32_LAYOUT_COST = saved
+
+
 # lever: (A: (config overrides, context), B: (config overrides, context), what A and B are)
 LEVERS = {
     "bf16_backward": (({"dtype": "bfloat16"}, contextlib.nullcontext),
                       ({"dtype": "bfloat16"}, _plain_autodiff_einsum),
                       "A = bfloat16 as committed (custom-VJP bf16 backward), B = bf16 "
                       "forward with autodiff's float32 x float32 backward dots"),
+    "f32_layout_cost": (({}, contextlib.nullcontext), ({}, _keep_output_order),
+                        "A = float32 as committed (each laid-out product transposes the "
+                        "fewest elements, an output transpose included), B = float32 laid "
+                        "out keeping every product's output order (the bf16 rule)"),
     "f32_backward_layout": (({}, contextlib.nullcontext), ({}, _plain_autodiff_einsum),
                             "A = float32 as committed (Dense products: the custom VJP's "
                             "explicit backward layouts), B = float32 plain autodiff (kernel "
@@ -119,9 +141,11 @@ def main() -> None:
     parser.add_argument("--model", default="gpt", choices=["bert", "t5", "gpt"])
     parser.add_argument("--lever", default="bf16_backward",
                         choices=sorted(LEVERS) + ["vs_hf_flax"])
+    parser.add_argument("--size", default="base", choices=train_step.SIZES)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    train_step.set_size(parser, args.size, args.model)
     load0 = _common.loadavg()
     if args.lever == "vs_hf_flax":      # no HLO facts for the peer: CPU work only
         what = "A = t2t float32, B = HF Flax float32 (train_step.py's two steps)"
@@ -146,7 +170,8 @@ def main() -> None:
         _common.append_results(
             f"A/B lever `{args.lever}`: {train_step.title(args.model)}",
             f"{_common.machine_line('jax', 'jaxlib')} Load: {load0} -> {_common.loadavg()}.\n"
-            f"`python benchmarks/ab_step.py --model {args.model} --lever {args.lever} "
+            f"`python benchmarks/ab_step.py --model {args.model} --size {args.size} "
+            f"--lever {args.lever} "
             f"--rounds {args.rounds}`: {what}.{HLO_NOTE if facts['A'] else ''}"
             f"\n\n{table}\n\n{summary}.")
 

@@ -11,6 +11,7 @@ asynchronously and are not traced.
 
     python benchmarks/profile_step.py --model gpt --impl t2t [--top 30] [--out DIR]
                                       [--size large --batch 64]
+    python benchmarks/profile_step.py --model t5 --size micro   # the micro grids' step
 
 On a GPU (or TPU) only the device's own events count: its kernels run one after another on
 a stream, so each HLO op's time is the sum of its kernels' durations (the trace's
@@ -134,11 +135,11 @@ def main(argv=None) -> None:
     p.add_argument("--impl", default="t2t")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out", default=None, help="keep the trace and HLO here")
-    p.add_argument("--size", default="base", choices=["base", "large"])
+    p.add_argument("--size", default="base", choices=["base", "large", "micro"])
     p.add_argument("--batch", type=int, default=None, help="rows per step (train_step's)")
     args = p.parse_args(argv)
     import train_step   # first: its _common import picks JAX's platforms before JAX starts
-    train_step.SIZE = args.size
+    train_step.set_size(p, args.size, args.model)
     if args.batch:
         train_step.BATCH[args.model]["batch"] = args.batch
     if args.impl.startswith("torch"):

@@ -8,6 +8,9 @@ interleaved (A, B, C, A, B, C, ...) so the VM's drift hits all of them alike; me
         t2t: logits only at the masked positions; HF (BertForPreTraining): at all 128
   t5    T5.1.1-base span corruption, batch 2 x (512 inputs + 114 targets), no dropout
   gpt   GPT-2 small causal LM, batch 8 x 128
+  --size micro (T5 only): the T5 1.0 model of the `micro` ablation scale (4+4 layers of
+        d_model 256, ReLU, tied 16,128-entry vocabulary, dropout 0.1), batch 32 x (128 +
+        64): the step the micro grids pretrain with (AdamW here, Adafactor there)
 
 FLOPs: `t2t.train.flops.step_flops` for everyone (model FLOPs of t2t's step: BERT's MLM
 logits counted at the 20 masked positions); each row's MFU is against the 2048^3 matmul
@@ -56,20 +59,23 @@ LARGE = {"bert": dict(hidden_size=1024, num_hidden_layers=24, num_attention_head
                       intermediate_size=4096),
          "t5": dict(d_model=1024, d_ff=2816, num_layers=24, num_heads=16),
          "gpt": dict(n_embd=1280, n_layer=36, n_head=20)}
+MICRO = dict(vocab_size=16128, d_model=256, d_ff=1024, num_layers=4, num_heads=4,  # T5 only
+             feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.1)
+MICRO_BATCH = dict(batch=32, inputs=128, targets=64)
 
 
 # ----------------------------------------------------------------------------- configs
 def hf_config(model: str, dropout: bool = True):
     """The peers' config; `dropout=False` zeroes every dropout rate (T5 has none anyway)."""
     import transformers as tr
-    size = LARGE[model] if SIZE == "large" else {}
+    size = {"large": LARGE[model], "micro": MICRO}.get(SIZE, {})
     if model == "bert":                                              # BERT-base
         rate = {} if dropout else dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         return tr.BertConfig(**rate, **size)
     if model == "t5":                                                # T5.1.1-base
-        base = dict(d_model=768, d_ff=2048, num_layers=12, num_heads=12)
-        return tr.T5Config(vocab_size=32128, d_kv=64, feed_forward_proj="gated-gelu",
-                           tie_word_embeddings=False, dropout_rate=0.0, **{**base, **size})
+        base = dict(vocab_size=32128, d_model=768, d_ff=2048, num_layers=12, num_heads=12,
+                    feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0)
+        return tr.T5Config(d_kv=64, **{**base, **size})
     if model == "gpt":                                               # GPT-2 small
         rate = {} if dropout else dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         return tr.GPT2Config(**rate, **size)
@@ -100,9 +106,10 @@ def make_batch(model: str, seed: int = 0) -> dict:
                 "next_sentence_labels": rng.integers(0, 2, (b,), dtype=np.int32)}
     if model == "t5":
         b, s, t = g["batch"], g["inputs"], g["targets"]
-        targets = rng.integers(2, 32000, (b, t), dtype=np.int32)
+        vocab = 16000 if SIZE == "micro" else 32000
+        targets = rng.integers(2, vocab, (b, t), dtype=np.int32)
         dec_in = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], 1)
-        return {"encoder_input_tokens": rng.integers(2, 32000, (b, s), dtype=np.int32),
+        return {"encoder_input_tokens": rng.integers(2, vocab, (b, s), dtype=np.int32),
                 "decoder_input_tokens": dec_in, "decoder_target_tokens": targets,
                 "decoder_loss_weights": np.ones((b, t), np.float32)}
     b, n = g["batch"], g["length"]
@@ -304,6 +311,19 @@ def matmul_dtype(impl: str) -> str:
     return "bfloat16" if "bf16" in impl else "float32"
 
 
+SIZES = ("base", "large", "micro")
+
+
+def set_size(parser, size: str, models: str) -> None:
+    """SIZE = `size`; micro is T5's alone and brings its batch (a parser error otherwise)."""
+    global SIZE
+    if size == "micro":
+        if models.split(",") != ["t5"]:
+            parser.error(f"--size micro is a T5 model: pass --models t5, not {models!r}")
+        BATCH["t5"].update(MICRO_BATCH)
+    SIZE = size
+
+
 def title(model: str) -> str:
     """e.g. 'BERT-base MLM+NSP 8x128 (20 masked)' for the current SIZE and BATCH."""
     g, large = BATCH[model], SIZE == "large"
@@ -311,7 +331,8 @@ def title(model: str) -> str:
         return (f"BERT-{'large' if large else 'base'} MLM+NSP {g['batch']}x{g['length']} "
                 f"({g['masked']} masked)")
     if model == "t5":
-        return f"T5.1.1-{'large' if large else 'base'} {g['batch']}x({g['inputs']}+{g['targets']})"
+        name = "T5 1.0 micro" if SIZE == "micro" else f"T5.1.1-{'large' if large else 'base'}"
+        return f"{name} {g['batch']}x({g['inputs']}+{g['targets']})"
     return f"GPT-2 {'large' if large else 'small'} {g['batch']}x{g['length']}"
 
 
@@ -344,12 +365,11 @@ def main(argv=None) -> None:
     p.add_argument("--peak", type=float, default=None, help="GFLOP/s (else measured)")
     p.add_argument("--peak-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the precision --peak is for (each row's MFU is against its own)")
-    p.add_argument("--size", default="base", choices=["base", "large"])
+    p.add_argument("--size", default="base", choices=SIZES)
     p.add_argument("--batch", type=int, default=None, help="rows per step (default: CPU's)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
-    global SIZE
-    SIZE = args.size
+    set_size(p, args.size, args.models)
     if args.batch:
         for g in BATCH.values():
             g["batch"] = args.batch

@@ -37,8 +37,8 @@ class Embed(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """[..., features] -> [..., num_embeddings], float32 accumulation."""
-        return mixed_einsum.einsum("...d,vd->...v", x, self.embedding,
-                                   self.dtype).astype(self.dtype)
+        return mixed_einsum.einsum("...d,vd->...v", x, self.embedding, self.dtype,
+                                   float32_layout=True).astype(self.dtype)
 
 
 def token_embed(config: TransformerConfig, name: str = "token_embedder") -> nn.Module:

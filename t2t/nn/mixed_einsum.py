@@ -27,6 +27,14 @@ out as here the gradient is one YNNPACK dot over row-major g: float32 train step
 host took 1.07x (GPT-2 small), 1.27x (BERT-base) and 1.12x (T5.1.1-base) the CPU time with
 autodiff's layouts (medians of 6 A/B pairs, benchmarks/README.md). The gradients are the
 same sums in another order: equal to autodiff's to float32 rounding, not bit for bit.
+
+Tied output embeddings (`Embed.attend`, logits = x E^T) take the float32 layouts too. Their
+table gradient g^T x contracts the tokens, g's leading dim, and g [tokens, vocab] is the
+largest array of a small model's step; float32 layouts are therefore chosen by the elements
+they transpose (`fewest_elements_moved`): (x^T g)^T transposes x and the [d, vocab]
+product, and XLA folds that output transpose into the dot. T5 micro's step (the ablation
+grids') took 1.08x and GPT-2 small's 1.07x the CPU time keeping the output order (AVX2
+host, medians of 8 and 6 A/B pairs, `benchmarks/ab_step.py --lever f32_layout_cost`).
 """
 from __future__ import annotations
 
@@ -97,6 +105,26 @@ def _layouts(sx: str, sy: str, sz: str):
                 yield (turned, moves), swap, lhs, rhs, rhs_nt, len(b)
 
 
+def keep_output_order(c, operands, out_size: int) -> tuple:
+    """Layout cost under bf16 (`_product`): an output in another order first, then operand
+    moves, then the size of the first operand of the dot."""
+    return c[0], operands[c[1]][1].size
+
+
+def fewest_elements_moved(c, operands, out_size: int) -> tuple:
+    """Layout cost under float32: the elements transposed -- the operands reordered, and the
+    output when it comes out in another order. XLA folds that output transpose into the dot
+    (a dot contracting its first operand's leading dim, which XLA:CPU runs in float32 on its
+    generic kernel) rather than writing a large operand transposed (module docstring)."""
+    (turned, _), swap, lhs, rhs = c[:4]
+    (sl, l), (sr, r) = operands[::-1] if swap else operands
+    moved = (l.size if list(sl) != lhs else 0) + (r.size if list(sr) != rhs else 0)
+    return moved + (out_size if turned else 0), turned
+
+
+FLOAT32_LAYOUT_COST = fewest_elements_moved   # benchmarks/ab_step.py swaps it for its B
+
+
 def _product(sx: str, sy: str, sz: str, x: jax.Array, y: jax.Array) -> jax.Array:
     """einsum(sx,sy->sz)(x, y), float32 result, as one [B, M, K] x [B, K, N] or [B, N, K]
     product (B absent without batch letters), with as few operand transposes as possible.
@@ -105,13 +133,18 @@ def _product(sx: str, sy: str, sz: str, x: jax.Array, y: jax.Array) -> jax.Array
     forms. A dot whose first operand is contracted along a leading dim is upcast to
     float32 when XLA sees it early, and fails at run time ("Unsupported element type for
     DotThunk") when the algebraic simplifier creates it late -- which it does to remove a
-    transpose of the output. So the output order is kept wherever a layout allows it, then
-    operand transposes are minimised (the smaller operand is the one moved).
+    transpose of the output. So under bf16 the output order is kept wherever a layout
+    allows it, then operand transposes are minimised (`keep_output_order`); under float32,
+    which every dot form runs, the fewest elements are transposed
+    (`fewest_elements_moved`).
     """
-    moves, swap, lhs, rhs, rhs_nt, nb = min(
-        _layouts(sx, sy, sz), key=lambda c: (c[0], (y if c[1] else x).size))
-    (sl, l), (sr, r) = ((sy, y), (sx, x)) if swap else ((sx, x), (sy, y))
     size = {c: n for s, a in ((sx, x), (sy, y)) for c, n in zip(s, a.shape)}
+    cost = (FLOAT32_LAYOUT_COST if x.dtype == y.dtype == jnp.float32
+            else keep_output_order)
+    out_size = int(np.prod([size[c] for c in sz]))
+    moves, swap, lhs, rhs, rhs_nt, nb = min(
+        _layouts(sx, sy, sz), key=lambda c: cost(c, ((sx, x), (sy, y)), out_size))
+    (sl, l), (sr, r) = ((sy, y), (sx, x)) if swap else ((sx, x), (sy, y))
 
     def flat(a, s, order, groups):   # transpose to `order`, then one dim per group
         if list(s) != order:

@@ -117,6 +117,29 @@ def test_kernel_gradient_is_a_row_major_product(dtype):
     assert not re.search(r"= (f32|bf16)\[96,128\]", text), text   # g [128 tokens, 96], turned
 
 
+def test_float32_tied_logits_gradient_leaves_the_logits_gradient_in_place():
+    """Tied output embedding, logits = x E^T with more vocabulary entries than tokens: the
+    table's gradient g^T x is computed as (x^T g)^T, transposing x [128, 16] and the
+    [16, 400] product instead of writing g [128 tokens, 400] out transposed
+    (`fewest_elements_moved`), and both gradients are autodiff's to float32 rounding."""
+    x, table = _random((2, 64, 16), 0), _random((400, 16), 1)
+    probe = _random((2, 64, 400), 2)
+
+    def loss(f):
+        return lambda x, t: jnp.sum(jnp.tanh(f(x, t)) * probe)
+
+    laid_out = loss(lambda x, t: mixed_einsum.einsum("...d,vd->...v", x, t, jnp.float32,
+                                                     float32_layout=True))
+    got = jax.grad(laid_out, (0, 1))(x, table)
+    want = jax.grad(loss(lambda x, t: jnp.einsum("...d,vd->...v", x, t)), (0, 1))(x, table)
+    for g, ref in zip(got, want):
+        ref = np.asarray(ref)
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+    text = jax.jit(jax.grad(laid_out, 1)).lower(x, table).compile().as_text()
+    assert not re.search(r"= f32\[400,128\]", text), text    # g [128, 400] turned
+    assert not re.search(r"= f32\[400,2,64\]", text), text
+
+
 def test_unsupported_spec_is_one_line():
     with pytest.raises(ValueError, match="summed over that operand alone"):
         mixed_einsum.einsum("ab,bc->c", _random((2, 3), 0), _random((3, 4), 1), jnp.bfloat16)
