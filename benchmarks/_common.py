@@ -64,9 +64,12 @@ def machine_line(*packages: str) -> str:
 
 def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1,
                 log: Callable[[str], None] = print,
-                cpu: Optional[Dict[str, List[float]]] = None) -> Dict[str, List[float]]:
+                cpu: Optional[Dict[str, List[float]]] = None,
+                settle: int = 0) -> Dict[str, List[float]]:
     """Warm each fn up, then time them A, B, C, A, B, C, ... so machine drift hits all.
-    Wall seconds per call; `cpu`, when given, gets each call's process CPU seconds."""
+    Wall seconds per call; `cpu`, when given, gets each call's process CPU seconds.
+    `settle` untimed calls precede each timed one: a step right after another framework's
+    can run slower than in a training loop (benchmarks/README.md)."""
     for name, fn in fns.items() if warmup else ():
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -75,6 +78,8 @@ def interleaved(fns: Dict[str, Callable[[], None]], rounds: int, warmup: int = 1
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for r in range(rounds):
         for name, fn in fns.items():
+            for _ in range(settle):
+                fn()
             c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -367,6 +367,8 @@ def main(argv=None) -> None:
                    help="the precision --peak is for (each row's MFU is against its own)")
     p.add_argument("--size", default="base", choices=SIZES)
     p.add_argument("--batch", type=int, default=None, help="rows per step (default: CPU's)")
+    p.add_argument("--settle", type=int, default=0,
+                   help="untimed steps of an implementation before each timed one")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     set_size(p, args.size, args.models)
@@ -401,7 +403,7 @@ def main(argv=None) -> None:
         print(f"== {model}", flush=True)
         fns = warmed_up(model, impls)
         cpu: dict = {}
-        times = _common.interleaved(fns, args.rounds, warmup=0,
+        times = _common.interleaved(fns, args.rounds, warmup=0, settle=args.settle,
                                     log=lambda s: print(s, flush=True), cpu=cpu)
         loads.append(_common.loadavg())
         f = step_flops(model)
@@ -429,7 +431,10 @@ def main(argv=None) -> None:
                 + "\nCommand: `python benchmarks/train_step.py "
                 + shlex.join(sys.argv[1:] if argv is None else argv)
                 + f"`. Median of {args.rounds} "
-                f"interleaved steps after 1 warm-up; float32 params, AdamW; `matmuls`: the "
+                f"interleaved steps after 1 warm-up"
+                + (f", each after {args.settle} untimed step(s) of the same implementation"
+                   if args.settle else "")
+                + "; float32 params, AdamW; `matmuls`: the "
                 f"matmul input precision (bf16: float32 accumulation; torch_bf16: autocast); "
                 f"MFU of each row vs the {peak_size}^3 matmul peak of its precision, "
                 f"GFLOP/s: {peak_text}"
