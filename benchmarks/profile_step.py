@@ -130,15 +130,15 @@ def profile_torch(model: str, impl: str, top: int) -> None:
 
 
 def main(argv=None) -> None:
+    import train_step   # first: its _common import picks JAX's platforms before JAX starts
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt", choices=["bert", "t5", "gpt"])
     p.add_argument("--impl", default="t2t")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out", default=None, help="keep the trace and HLO here")
-    p.add_argument("--size", default="base", choices=["base", "large", "micro"])
+    p.add_argument("--size", default="base", choices=train_step.SIZES)
     p.add_argument("--batch", type=int, default=None, help="rows per step (train_step's)")
     args = p.parse_args(argv)
-    import train_step   # first: its _common import picks JAX's platforms before JAX starts
     train_step.set_size(p, args.size, args.model)
     if args.batch:
         train_step.BATCH[args.model]["batch"] = args.batch

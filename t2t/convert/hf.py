@@ -97,6 +97,9 @@ def t5_config(d: Mapping) -> TransformerConfig:
     tied = d.get("tie_word_embeddings", True)
     num_layers = d.get("num_layers", 6)
     num_decoder_layers = d.get("num_decoder_layers")
+    # HF's T5 drops out the residual branches, the attention weights and the feed-forward
+    # activations, all at dropout_rate
+    rate = d.get("dropout_rate", 0.1)
     return TransformerConfig(
         vocab_size=d["vocab_size"], d_model=d["d_model"], num_heads=d["num_heads"],
         head_dim=d["d_kv"], d_ff=d["d_ff"], num_encoder_layers=num_layers,
@@ -107,10 +110,7 @@ def t5_config(d: Mapping) -> TransformerConfig:
         relative_buckets=d.get("relative_attention_num_buckets", 32),
         relative_max_distance=d.get("relative_attention_max_distance", 128),
         tie_embeddings=tied, scale_tied_logits=tied, attention_scale="folded",
-        # HF's T5 drops out the residual branches, the attention weights and the feed-forward
-        # activations, all at dropout_rate
-        dropout_rate=d.get("dropout_rate", 0.1), mlp_dropout_rate=d.get("dropout_rate", 0.1),
-        kernel_init="variance_scaling")
+        dropout_rate=rate, mlp_dropout_rate=rate, kernel_init="variance_scaling")
 
 
 def gpt2_config(d: Mapping) -> TransformerConfig:

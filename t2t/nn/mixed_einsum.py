@@ -142,9 +142,10 @@ def _product(sx: str, sy: str, sz: str, x: jax.Array, y: jax.Array) -> jax.Array
     cost = (FLOAT32_LAYOUT_COST if x.dtype == y.dtype == jnp.float32
             else keep_output_order)
     out_size = int(np.prod([size[c] for c in sz]))
+    operands = ((sx, x), (sy, y))
     moves, swap, lhs, rhs, rhs_nt, nb = min(
-        _layouts(sx, sy, sz), key=lambda c: cost(c, ((sx, x), (sy, y)), out_size))
-    (sl, l), (sr, r) = ((sy, y), (sx, x)) if swap else ((sx, x), (sy, y))
+        _layouts(sx, sy, sz), key=lambda c: cost(c, operands, out_size))
+    (sl, l), (sr, r) = operands[::-1] if swap else operands
 
     def flat(a, s, order, groups):   # transpose to `order`, then one dim per group
         if list(s) != order:
