@@ -14,6 +14,7 @@ import importlib.util
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Mapping, Optional
 
 from t2t.errors import UserError
@@ -47,6 +48,12 @@ def set_default_platforms() -> None:
         os.environ["JAX_PLATFORMS"] = choice
         if "jax" in sys.modules:          # imported already: its config read the env then
             sys.modules["jax"].config.update("jax_platforms", choice)
+
+
+def cache_dir() -> Path:
+    """``$T2T_CACHE_DIR`` or ``~/.cache/t2t``: what t2t keeps per machine (lazily built
+    vocabularies, the measured matmul peak)."""
+    return Path(os.environ.get("T2T_CACHE_DIR", Path.home() / ".cache" / "t2t"))
 
 
 # JAX's persistent compilation cache for the command line: a run that compiles the same

@@ -15,10 +15,8 @@ import collections.abc
 import difflib
 import functools
 import inspect
-import os
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -385,11 +383,6 @@ def bert_ltr(record: dict, *, vocabulary: Any, sequence_length: dict[str, int],
 
 
 # ----------------------------------------------------------------------------- vocabularies
-
-
-def cache_dir() -> Path:
-    """``$T2T_CACHE_DIR`` or ``~/.cache/t2t``: where lazily built vocabularies are kept."""
-    return Path(os.environ.get("T2T_CACHE_DIR", Path.home() / ".cache" / "t2t"))
 
 
 # T5 objective-table variants (gin names) registered as <corpus>_<name>.

@@ -2,7 +2,7 @@
 covers a text.
 
 `sentencepiece_for` (T5, GPT) and `wordpiece_for` (BERT) train on the texts of your files
-once; the result is kept under ``$T2T_CACHE_DIR/vocab/`` (`t2t.data.tasks.cache_dir`)
+once; the result is kept under ``$T2T_CACHE_DIR/vocab/`` (`t2t.platforms.cache_dir`)
 named by a hash of the files' bytes and the settings, so the same files give the same
 vocabulary without training again, and changed files a new one. `coverage` measures the
 share of a text's tokens that are byte pieces (SentencePiece's byte fallback) or [UNK]
@@ -38,7 +38,7 @@ def files_digest(paths: Sequence[str], *settings: Any) -> str:
 
 
 def _vocab_dir() -> Path:
-    from t2t.data.tasks import cache_dir
+    from t2t.platforms import cache_dir
     return cache_dir() / "vocab"
 
 

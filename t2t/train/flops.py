@@ -32,6 +32,9 @@ they are below 0.2% of BERT-base's step. Tokens per example, for per-token numbe
 """
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Optional
 
 import jax
@@ -335,6 +338,48 @@ def measure_peak_flops(dtype: str = "float32", size: int = 2048, repeats: int = 
         jax.block_until_ready(outs)
         best = min(best, (time.perf_counter() - start) / calls)
     return 2.0 * size ** 3 / best
+
+
+PEAK_CACHE_FILE = "peak_flops.json"   # under t2t.platforms.cache_dir()
+
+
+def peak_cache_key(dtype: str) -> str:
+    """What a measured peak depends on: the device (CPU model on a CPU), the dtype, JAX's
+    version and XLA's flags (fake device counts, optimisation level)."""
+    from t2t import precision
+    device = jax.devices()[0]
+    kind = (precision.cpu_model(precision.read_cpuinfo()) if device.platform == "cpu"
+            else device.device_kind)
+    return " | ".join([device.platform, kind, dtype, f"jax {jax.__version__}",
+                       os.environ.get("XLA_FLAGS", "").strip()])
+
+
+def host_peak_flops(dtype: str = "float32", cache: Optional[str] = None) -> tuple:
+    """(peak FLOP/s per device, where it came from): `measure_peak_flops(dtype)`, measured once
+    per host and kept in `cache` (default `cache_dir()/peak_flops.json`), so a run starts
+    without the measurement and every run's MFU has the same denominator. Delete the file
+    to measure again (e.g. after a first measurement on a busy machine)."""
+    from t2t.platforms import cache_dir
+    path = Path(cache) if cache else cache_dir() / PEAK_CACHE_FILE
+    key = peak_cache_key(dtype)
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if not isinstance(table, dict):
+        table = {}
+    if isinstance(table.get(key), (int, float)) and table[key] > 0:
+        return float(table[key]), f"measured earlier on this host, {path}"
+    peak = measure_peak_flops(dtype)
+    table[key] = peak
+    try:                         # a read-only home only costs the next run a measurement
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return peak, f"measured now, kept in {path}"
 
 
 def peak_flops_per_device(device: Optional[jax.Device] = None) -> Optional[float]:

@@ -55,7 +55,7 @@ class TrainConfig:
     eval_every: int = 0          # 0: no periodic evaluation
     eval_steps: int = 10
     peak_flops: Optional[float] = None  # per device; None: the datasheet value if known
-    measure_peak: bool = False   # no datasheet value (CPU): measure a matmul at start-up
+    measure_peak: bool = False   # no datasheet value (CPU): a matmul measured once per host
     progress_bar: bool = True
     # Generator of the dropout masks (parameter init is always threefry). On CPU "rbg" and
     # "unsafe_rbg" were no faster (benchmarks/dropout_rng.py); TPU setups often pick them.
@@ -369,8 +369,8 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
     geometry, step_flops, tokens_per_step = step_cost(trainer.model, example)
     peak = cfg.peak_flops or flops_lib.peak_flops_per_device()
     if peak is None and cfg.measure_peak and start < cfg.train_steps:
-        peak = flops_lib.measure_peak_flops(trainer.model.config.dtype)
-        _log.info("measured peak %.1f GFLOP/s per device", peak / 1e9)
+        peak, source = flops_lib.host_peak_flops(trainer.model.config.dtype)
+        _log.info("matmul peak %.1f GFLOP/s per device (%s)", peak / 1e9, source)
     peak_total = None if peak is None else peak * jax.device_count()
 
     if start < cfg.train_steps:

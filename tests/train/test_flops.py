@@ -1,4 +1,5 @@
 """FLOP formula against numbers worked out by hand for a tiny config."""
+import json
 import types
 
 import pytest
@@ -85,6 +86,33 @@ def test_measured_peak_is_a_plausible_rate():
     from t2t.train.flops import measure_peak_flops
     peak = measure_peak_flops("float32", size=256, repeats=2)
     assert 1e8 < peak < 1e14
+
+
+def test_the_host_peak_is_measured_once_and_read_back(tmp_path, monkeypatch):
+    """The first run on a host measures; later runs (and other processes) read the file; a
+    dtype, or a damaged or unwritable file, costs one more measurement and nothing else."""
+    measured = []
+
+    def measure(dtype):
+        measured.append(dtype)
+        return 1e11 * len(measured)
+
+    monkeypatch.setattr(flops, "measure_peak_flops", measure)
+    cache = tmp_path / "t2t" / "peak_flops.json"
+    first, source = flops.host_peak_flops("float32", str(cache))
+    assert (first, measured) == (1e11, ["float32"]) and "measured now" in source
+    again, source = flops.host_peak_flops("float32", str(cache))
+    assert (again, measured) == (1e11, ["float32"]) and "earlier on this host" in source
+    assert flops.host_peak_flops("bfloat16", str(cache))[0] == 2e11
+    stored = json.loads(cache.read_text())
+    assert stored == {flops.peak_cache_key("float32"): 1e11,
+                      flops.peak_cache_key("bfloat16"): 2e11}
+    assert "jax " in flops.peak_cache_key("float32")     # a new JAX measures again
+    cache.write_text('{"cut short')
+    assert flops.host_peak_flops("float32", str(cache))[0] == 3e11
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert flops.host_peak_flops("float32", str(blocked / "peak.json"))[0] == 4e11
 
 
 def test_elmo_counts_each_matmul_parameter_twice_per_token():

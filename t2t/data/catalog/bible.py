@@ -11,8 +11,9 @@ import os
 from typing import Any
 
 from t2t.data.sources import BundledSource, split_of
-from t2t.data.tasks import (BertPretraining, Task, bert_ltr, cache_dir, register_task,
+from t2t.data.tasks import (BertPretraining, Task, bert_ltr, register_task,
                             t5_objective_tasks, tokenize)
+from t2t.platforms import cache_dir
 
 
 def _web_texts() -> list[str]:

@@ -19,7 +19,8 @@ from typing import Any
 from t2t.data.catalog.downstream import tfds_source
 from t2t.data.finetune_tasks import FinetuneTask, texts
 from t2t.data.sources import ListSource
-from t2t.data.tasks import cache_dir, get_task, register_task
+from t2t.data.tasks import get_task, register_task
+from t2t.platforms import cache_dir
 from t2t.evaluation import metrics
 
 HIRONSAN_TAGS = ("O", "B-ART", "I-ART", "B-DAT", "I-DAT", "B-LOC", "I-LOC", "B-MON", "I-MON",
