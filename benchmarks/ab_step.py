@@ -20,6 +20,10 @@ Levers (A and B: the variants compared; a patch is applied while its variant is 
                        transpose, which XLA folds into the dot, counted) vs keeping each
                        product's output order as bf16 must (T5 micro's tied-embedding
                        gradient then writes the [tokens, vocab] logits gradient transposed)
+  classic_emitter      XLA:CPU's default (MLIR) fusion emitter vs its classic one
+                       (`xla_cpu_use_fusion_emitters=False`, what the test suite compiles
+                       with because it compiles in a third of the CPU time): the same HLO,
+                       other machine code
 
     python benchmarks/ab_step.py --model gpt --lever bf16_backward [--rounds 6]
     python benchmarks/ab_step.py --model t5 --size micro --lever f32_layout_cost
@@ -70,7 +74,8 @@ def _keep_output_order():
         mixed_einsum.FLOAT32_LAYOUT_COST = saved
 
 
-# lever: (A: (config overrides, context), B: (config overrides, context), what A and B are)
+# lever: (A: (config overrides, context[, XLA compiler options]), B: (the same), what A
+# and B are)
 LEVERS = {
     "bf16_backward": (({"dtype": "bfloat16"}, contextlib.nullcontext),
                       ({"dtype": "bfloat16"}, _plain_autodiff_einsum),
@@ -84,17 +89,23 @@ LEVERS = {
                             "A = float32 as committed (Dense products: the custom VJP's "
                             "explicit backward layouts), B = float32 plain autodiff (kernel "
                             "gradients contract the first operand's leading dim)"),
+    "classic_emitter": (({}, contextlib.nullcontext),
+                        ({}, contextlib.nullcontext, {"xla_cpu_use_fusion_emitters": False}),
+                        "A = float32 compiled as committed (XLA:CPU's MLIR fusion emitter), "
+                        "B = the same HLO through XLA:CPU's classic fusion emitter"),
 }
 
 
-def build(model: str, overrides: dict, context):
-    """(step function, compiled executable) of the t2t train step, traced under `context`."""
+def build(model: str, overrides: dict, context, compiler_options=None):
+    """(step function, compiled executable) of the t2t train step, traced under `context`
+    and compiled with XLA `compiler_options`."""
     import jax
     trainer = train_step.build_t2t(model, **overrides)[1]
     batch = trainer.global_batch(train_step.make_batch(model))
     holder = {"state": trainer.init_state(train_step.make_batch(model))}
     with context():
-        compiled = trainer.lower_train_step(holder["state"], batch).compile()
+        compiled = trainer.lower_train_step(holder["state"], batch).compile(
+            compiler_options)
 
     def step():
         holder["state"], metrics = compiled(holder["state"], batch)
@@ -153,9 +164,9 @@ def main() -> None:
             train_step.build_hf_flax(args.model)
         facts = {"A": {}, "B": {}}
     else:
-        (a_over, a_ctx), (b_over, b_ctx), what = LEVERS[args.lever]
-        a_step, a_compiled = build(args.model, a_over, a_ctx)
-        b_step, b_compiled = build(args.model, b_over, b_ctx)
+        a_variant, b_variant, what = LEVERS[args.lever]
+        a_step, a_compiled = build(args.model, *a_variant)
+        b_step, b_compiled = build(args.model, *b_variant)
         facts = {"A": evidence(a_compiled), "B": evidence(b_compiled)}
     t = paired(a_step, b_step, args.rounds)
     ratios = [b / a for a, b in zip(t["A cpu"], t["B cpu"])]
