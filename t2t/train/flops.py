@@ -344,17 +344,22 @@ PEAK_CACHE_FILE = "peak_flops.json"   # under t2t.platforms.cache_dir()
 
 
 def peak_cache_key(dtype: str) -> str:
-    """What a measured peak depends on: the device (CPU model on a CPU), the dtype, JAX's
+    """What a measured peak depends on: the device (on a CPU its model, its matmul-relevant
+    flags and its core count: cloud VMs of one model name differ in both), the dtype, JAX's
     version and XLA's flags (fake device counts, optimisation level)."""
     from t2t import precision
     device = jax.devices()[0]
-    kind = (precision.cpu_model(precision.read_cpuinfo()) if device.platform == "cpu"
-            else device.device_kind)
+    kind = device.device_kind
+    if device.platform == "cpu":
+        cpuinfo = precision.read_cpuinfo()
+        flags = precision.cpu_flags(cpuinfo) or frozenset()
+        kind = " ".join([precision.cpu_model(cpuinfo), f"{os.cpu_count()} cores",
+                         *[f for f in precision.REPORTED_CPU_FLAGS if f in flags]])
     return " | ".join([device.platform, kind, dtype, f"jax {jax.__version__}",
                        os.environ.get("XLA_FLAGS", "").strip()])
 
 
-def host_peak_flops(dtype: str = "float32", cache: Optional[str] = None) -> tuple:
+def host_peak_flops(dtype: str = "float32", cache: Optional[str] = None) -> tuple[float, str]:
     """(peak FLOP/s per device, where it came from): `measure_peak_flops(dtype)`, measured once
     per host and kept in `cache` (default `cache_dir()/peak_flops.json`), so a run starts
     without the measurement and every run's MFU has the same denominator. Delete the file
