@@ -9,6 +9,7 @@ whole now and then; see `t2t.train.metrics_log`.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from typing import Union
 
@@ -52,6 +53,18 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:        # a parent package is missing
         return False
+
+
+def write_json_atomically(p: PathLike, value) -> None:
+    """Write `value` as indented, key-sorted JSON to the local file `p` through a temporary
+    file and a rename, so no reader (another process, a rerun after a kill) sees half of it;
+    its directory is created first."""
+    p = os.fspath(p)
+    os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
+    tmp = f"{p}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+    os.replace(tmp, p)
 
 
 def write_text(p: PathLike, text: str) -> epath.Path:

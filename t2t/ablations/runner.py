@@ -27,6 +27,7 @@ import jax
 
 from t2t.run import gin_utils
 from t2t.ablations.grid import Cell, Grid
+from t2t import storage
 from t2t.errors import ConfigError
 
 _log = logging.getLogger(__name__)
@@ -86,14 +87,6 @@ def _read(path: str) -> Optional[Dict[str, Any]]:
         return None
     with open(path) as f:
         return json.load(f)
-
-
-def _write(path: str, value: Dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def _compute(result, wall_s: float) -> Dict[str, Any]:
@@ -276,7 +269,7 @@ def _copy_stage(twin: str, stage_dir: str, sha: str) -> Dict[str, Any]:
         shutil.copytree(twin, stage_dir, dirs_exist_ok=True)
         with open(os.path.join(stage_dir, "config.sha256"), "w") as f:
             f.write(sha)
-        _write(os.path.join(stage_dir, "stage.json"), stage)
+        storage.write_json_atomically(os.path.join(stage_dir, "stage.json"), stage)
     return stage
 
 
@@ -335,7 +328,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
         if early is not None:
             stage["heldout_early"] = early
     if stage["stopped_by"] == "done":
-        _write(os.path.join(model_dir, "stage.json"), stage)
+        storage.write_json_atomically(os.path.join(model_dir, "stage.json"), stage)
     return stage, sha
 
 
@@ -385,7 +378,7 @@ def _early_heldout(grid: Grid, exp, model_dir: str, config_str: str,
         return {"stopped_by": result.stopped_by}
     progress(f"held-out score at step {step}")
     early = {"step": step, **_score_heldout(grid, exp, result.state.params)}
-    _write(path, early)
+    storage.write_json_atomically(path, early)
     return early
 
 
@@ -433,7 +426,7 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
     stage.update(eval_s=round(out["eval_seconds"], 1), stopped_by="done", split=split,
                  metrics=out["metrics"][f"{task}/{split}"], vocabulary=vocabulary_file(exp),
                  cpu_s=round(time.process_time() - cpu, 1))   # training and scoring
-    _write(os.path.join(model_dir, "stage.json"), stage)
+    storage.write_json_atomically(os.path.join(model_dir, "stage.json"), stage)
     return stage
 
 
@@ -499,7 +492,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
               "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds")}
     if jax.process_index() == 0:
-        _write(os.path.join(root, "result.json"), result)
+        storage.write_json_atomically(os.path.join(root, "result.json"), result)
     return result
 
 

@@ -364,6 +364,7 @@ def host_peak_flops(dtype: str = "float32", cache: Optional[str] = None) -> tupl
     per host and kept in `cache` (default `cache_dir()/peak_flops.json`), so a run starts
     without the measurement and every run's MFU has the same denominator. Delete the file
     to measure again (e.g. after a first measurement on a busy machine)."""
+    from t2t import storage
     from t2t.platforms import cache_dir
     path = Path(cache) if cache else cache_dir() / PEAK_CACHE_FILE
     key = peak_cache_key(dtype)
@@ -378,10 +379,7 @@ def host_peak_flops(dtype: str = "float32", cache: Optional[str] = None) -> tupl
     peak = measure_peak_flops(dtype)
     table[key] = peak
     try:                         # a read-only home only costs the next run a measurement
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        storage.write_json_atomically(path, table)
     except OSError:
         pass
     return peak, f"measured now, kept in {path}"

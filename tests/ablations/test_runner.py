@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import t2t
+from t2t import storage
 from t2t.ablations import grid as grid_lib, report, runner
 from t2t.evaluation import unigram
 from t2t.cli import main
@@ -102,7 +103,7 @@ def test_a_stage_reruns_when_its_configuration_changed(tmp_path):
     stage_dir = str(tmp_path / "stage")
     said = []
     assert runner.reuse(stage_dir, "A", "sha-a", said.append) is None       # fresh: run it
-    runner._write(os.path.join(stage_dir, "stage.json"), {"steps": 3})
+    storage.write_json_atomically(os.path.join(stage_dir, "stage.json"), {"steps": 3})
     assert runner.reuse(stage_dir, "A", "sha-a", said.append) == {"steps": 3}
     assert said == []
     (tmp_path / "stage" / "checkpoints").mkdir()
@@ -112,7 +113,7 @@ def test_a_stage_reruns_when_its_configuration_changed(tmp_path):
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / "config.gin").write_text("A")
-    runner._write(str(legacy / "stage.json"), {"steps": 5})
+    storage.write_json_atomically(str(legacy / "stage.json"), {"steps": 5})
     assert runner.reuse(str(legacy), "A", "sha-a", said.append) == {"steps": 5}
     assert runner.reuse(str(legacy), "A2", "sha-a2", said.append) is None
 
@@ -508,7 +509,7 @@ def test_compare_puts_two_runs_of_a_cell_side_by_side_seed_by_seed(ran, tmp_path
     result = json.load(open(os.path.join(b, "seed0", "result.json")))
     bleu = result["finetune"]["bible_style_kjv_to_web"]["metrics"]["bleu"]
     result["finetune"]["bible_style_kjv_to_web"]["metrics"]["bleu"] = bleu + 1.5
-    runner._write(os.path.join(b, "seed0", "result.json"), result)
+    storage.write_json_atomically(os.path.join(b, "seed0", "result.json"), result)
     text = compare.compare(a, b, grid.source)
     loss = result["pretrain"]["final_loss"]
     assert f"| 0 | {bleu:.2f} / {bleu + 1.5:.2f} / +1.50 | {loss:.2f} / {loss:.2f} / +0.00 |" \
