@@ -22,6 +22,7 @@ import numpy as np
 from t2t.data import preprocessors as prep
 from t2t.data.converters import FeatureConverter, _trim
 from t2t.data.preprocessors import SkipExample
+from t2t.data.vocab import word_pieces
 
 MEMORY_KEY = "memory_tokens"
 
@@ -96,8 +97,8 @@ class PermutationLm:
 
     def __call__(self, record: dict, *, seed, vocabulary: Any, sequence_length: dict[str, int]
                  ) -> list[dict]:
-        stream = [t for sentence in record[self.sentences_key]
-                  for word in vocabulary.tokenize_words(sentence) for t in word]
+        stream = [t for ids, _ in word_pieces(vocabulary, record[self.sentences_key])
+                  for t in ids]
         rng = prep.make_rng(seed)
         return [permutation_lm_example(memory, window, rng, self.k)
                 for memory, window in windows(stream, sequence_length["inputs"],

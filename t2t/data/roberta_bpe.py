@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from t2t.data.vocab import GPT2BPEVocabulary, _ints
+from t2t.data.vocab import GPT2BPEVocabulary, _ints, _word_starts
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 OFFSET = len(SPECIALS)
@@ -59,6 +59,12 @@ class RobertaBPEVocabulary(GPT2BPEVocabulary):
         enc = self._tok.encode(" " + text.lstrip())
         return [[t + OFFSET for t, _ in group]
                 for _, group in itertools.groupby(zip(enc.ids, enc.word_ids), lambda p: p[1])]
+
+    def tokenize_words_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[bool]]]:
+        """`vocab.word_pieces` in one call of the tokenizer, each text as `tokenize_words`
+        encodes it (with its leading space)."""
+        encodings = self._tok.encode_batch([" " + t.lstrip() for t in texts])
+        return [([t + OFFSET for t in e.ids], _word_starts(e.word_ids)) for e in encodings]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = False) -> str:
         """Ids to text, special ids (and <mask>) dropped."""

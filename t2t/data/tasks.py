@@ -26,6 +26,7 @@ from t2t.data.converters import FeatureConverter
 from t2t.data.pipeline import BatchIterator, make_mixture_pipeline, make_pipeline
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import RandomAccessSource
+from t2t.data.vocab import word_pieces
 from t2t.errors import UserError
 
 _PASSED = ("seed", "vocabulary", "sequence_length")
@@ -263,12 +264,8 @@ class LazyDocuments(collections.abc.Sequence):
         self.starts = _View(self, 1)
 
     def _tokenize(self, i: int) -> tuple[list, list]:
-        doc, doc_starts = [], []
-        for sentence in self.source[i][self.sentences_key]:
-            words = self.vocabulary.tokenize_words(sentence)
-            doc.append([t for w in words for t in w])
-            doc_starts.append([k == 0 for w in words for k in range(len(w))])
-        return doc, doc_starts
+        pieces = word_pieces(self.vocabulary, self.source[i][self.sentences_key])
+        return [ids for ids, _ in pieces], [starts for _, starts in pieces]
 
     def __len__(self) -> int:
         return len(self.source)
@@ -321,17 +318,15 @@ class BertPretraining:
             self._cache = (id(vocabulary), documents.tokens, documents.starts, {})
         if self._cache is None or self._cache[0] != id(vocabulary):
             source = self.source_fn()
-            documents, starts, index = [], [], {}
-            for i in range(len(source)):
-                record = source[i]
-                doc, doc_starts = [], []
-                for sentence in record[self.sentences_key]:
-                    words = vocabulary.tokenize_words(sentence)
-                    doc.append([t for w in words for t in w])
-                    doc_starts.append([k == 0 for w in words for k in range(len(w))])
-                documents.append(doc)
-                starts.append(doc_starts)
-                index[record.get("id", i)] = i
+            records = [source[i] for i in range(len(source))]
+            sentences = [list(record[self.sentences_key]) for record in records]
+            pieces = iter(word_pieces(vocabulary, [s for doc in sentences for s in doc]))
+            documents, starts = [], []
+            for doc in sentences:
+                doc_pieces = [next(pieces) for _ in doc]
+                documents.append([ids for ids, _ in doc_pieces])
+                starts.append([flags for _, flags in doc_pieces])
+            index = {record.get("id", i): i for i, record in enumerate(records)}
             self._cache = (id(vocabulary), documents, starts, index)
         return self._cache[1], self._cache[2], self._cache[3]
 

@@ -7,6 +7,7 @@ import pytest
 
 from t2t.data.catalog import builders
 from t2t.data.roberta_bpe import OFFSET, RobertaBPEVocabulary
+from t2t.data.vocab import word_pieces
 
 VERSES = ["In the beginning, God created the heavens and the earth.",
           "The earth was formless and empty. Darkness was on the surface of the deep",
@@ -38,6 +39,9 @@ def test_gpt2_tokens_under_roberta_ids(files):
         assert sum(words, []) == spaced
         pieces = gpt2.backend_tokenizer.pre_tokenizer.pre_tokenize_str(" " + text)
         assert len(words) == len(pieces)          # one group per GPT-2 pre-token ("Ġword")
+    assert word_pieces(vocab, VERSES) == [   # the batched path: same ids, same word starts
+        ([t for w in words for t in w], [k == 0 for w in words for k in range(len(w))])
+        for words in map(vocab.tokenize_words, VERSES)]
     assert pickle.loads(pickle.dumps(vocab)).encode(VERSES[0]) == vocab.encode(VERSES[0])
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from t2t.data import bundled
 from t2t.data.vocab import (GPT2BPEVocabulary, SentencePieceVocabulary, Vocabulary,
-                            WordPieceVocabulary, load_vocabulary, round_up)
+                            WordPieceVocabulary, load_vocabulary, round_up, word_pieces)
 
 ROUND_TRIP = [
     "In the beginning, God created the heavens and the earth.",
@@ -134,6 +134,27 @@ def test_wordpiece_specials_and_words(minilm_vocab_file):
     assert wp.tokenize("unaffable")[0] == "una"
     assert wp.decode([wp.cls_id] + wp.encode("hello", add_special_tokens=False) + [wp.sep_id, wp.pad_id]) == "hello"
     assert pickle.loads(pickle.dumps(wp)).encode(text) == wp.encode(text)
+
+
+class WordsOnly:
+    """A vocabulary offering only `tokenize_words`: `word_pieces`' per-text path."""
+
+    def __init__(self, vocab):
+        self.tokenize_words = vocab.tokenize_words
+
+
+def flat_words(words):
+    return [t for w in words for t in w], [k == 0 for w in words for k in range(len(w))]
+
+
+def test_batched_word_pieces_equal_the_per_text_words(minilm_vocab_file):
+    wp = WordPieceVocabulary(minilm_vocab_file)
+    texts = ROUND_TRIP + ["Unaffable antidisestablishmentarianism, ok"]
+    batched = word_pieces(wp, texts)
+    assert batched == word_pieces(WordsOnly(wp), texts)
+    assert batched == [flat_words(wp.tokenize_words(t)) for t in texts]
+    ids, starts = batched[-1]
+    assert sum(starts) == 4 and starts[:2] == [True, False]   # "una", "##ff", ...: one word
 
 
 # ----------------------------------------------------------------------------- GPT-2 BPE

@@ -29,6 +29,7 @@ from t2t.data import preprocessors as prep
 from t2t.data.electra_masking import electra_mask
 from t2t.data.permutation_lm import PermutationLm
 from t2t.data.tasks import BertPretraining, Task, register_task
+from t2t.data.vocab import word_pieces
 from t2t.errors import UserError
 from t2t.data.catalog.bible import BibleSplit, bible_wordpiece
 
@@ -71,11 +72,8 @@ class FullSentencesMlm:
                 documents, ids = [], []
                 for i in range(len(source)):
                     record = source[i]
-                    doc = []
-                    for sentence in record[self.sentences_key]:
-                        words = vocabulary.tokenize_words(sentence)
-                        doc.append([(t, k == 0) for w in words for k, t in enumerate(w)])
-                    documents.append(doc)
+                    documents.append([list(zip(tokens, starts)) for tokens, starts in
+                                      word_pieces(vocabulary, record[self.sentences_key])])
                     ids.append(record.get("id", i))
                 rows = prep.full_sentences_rows(documents, length - 2, self.cross_documents,
                                                 vocabulary.sep_id)
