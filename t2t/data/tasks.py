@@ -251,6 +251,15 @@ def _sentinel(vocabulary: Any) -> int:
     return int(vocabulary.vocab_size) - 1
 
 
+def documents_word_pieces(records: Sequence[dict], vocabulary: Any, sentences_key: str
+                           ) -> list[list[tuple[list[int], list[bool]]]]:
+    """Each record's `sentences_key` sentences as `word_pieces` (ids, word starts), the whole
+    corpus in batched tokenizer calls."""
+    sentences = [list(record[sentences_key]) for record in records]
+    pieces = iter(word_pieces(vocabulary, [s for doc in sentences for s in doc]))
+    return [[next(pieces) for _ in doc] for doc in sentences]
+
+
 class LazyDocuments(collections.abc.Sequence):
     """``source``'s records as tokenised documents, each tokenised on first use (an LRU of
     ``cache_size``): a corpus too large to tokenise up front (Wikipedia) still gives BERT's
@@ -319,13 +328,9 @@ class BertPretraining:
         if self._cache is None or self._cache[0] != id(vocabulary):
             source = self.source_fn()
             records = [source[i] for i in range(len(source))]
-            sentences = [list(record[self.sentences_key]) for record in records]
-            pieces = iter(word_pieces(vocabulary, [s for doc in sentences for s in doc]))
-            documents, starts = [], []
-            for doc in sentences:
-                doc_pieces = [next(pieces) for _ in doc]
-                documents.append([ids for ids, _ in doc_pieces])
-                starts.append([flags for _, flags in doc_pieces])
+            pieces = documents_word_pieces(records, vocabulary, self.sentences_key)
+            documents = [[ids for ids, _ in doc] for doc in pieces]
+            starts = [[flags for _, flags in doc] for doc in pieces]
             index = {record.get("id", i): i for i, record in enumerate(records)}
             self._cache = (id(vocabulary), documents, starts, index)
         return self._cache[1], self._cache[2], self._cache[3]

@@ -28,8 +28,7 @@ from typing import Any, Callable
 from t2t.data import preprocessors as prep
 from t2t.data.electra_masking import electra_mask
 from t2t.data.permutation_lm import PermutationLm
-from t2t.data.tasks import BertPretraining, Task, register_task
-from t2t.data.vocab import word_pieces
+from t2t.data.tasks import BertPretraining, Task, documents_word_pieces, register_task
 from t2t.errors import UserError
 from t2t.data.catalog.bible import BibleSplit, bible_wordpiece
 
@@ -69,12 +68,11 @@ class FullSentencesMlm:
             key = (id(vocabulary), length)
             if self._cache is None or self._cache[0] != key:
                 source = self.source_fn()
-                documents, ids = [], []
-                for i in range(len(source)):
-                    record = source[i]
-                    documents.append([list(zip(tokens, starts)) for tokens, starts in
-                                      word_pieces(vocabulary, record[self.sentences_key])])
-                    ids.append(record.get("id", i))
+                records = [source[i] for i in range(len(source))]
+                documents = [[list(zip(tokens, starts)) for tokens, starts in doc]
+                             for doc in documents_word_pieces(records, vocabulary,
+                                                              self.sentences_key)]
+                ids = [record.get("id", i) for i, record in enumerate(records)]
                 rows = prep.full_sentences_rows(documents, length - 2, self.cross_documents,
                                                 vocabulary.sep_id)
                 by_id: dict = {i: [] for i in ids}
