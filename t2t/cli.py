@@ -236,7 +236,17 @@ def cmd_ablate(args) -> int:
     cells = grid.select(args.cells.split(",") if args.cells else ())
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(grid.scale.seeds)
     if args.list:
-        print(report.status(grid, runner.load_results(grid, args.out_dir), cells, seeds))
+        results = runner.load_results(grid, args.out_dir)
+        t2t_log = logging.getLogger("t2t")
+        level = t2t_log.level
+        t2t_log.setLevel(logging.WARNING)       # each stage's config logs its vocabulary size
+        try:
+            plans = {(c.key, s): runner.plan_cell(grid, c, s, args.out_dir) for c in cells
+                     for s in seeds if s not in {r["seed"] for r in results.get(c.key, [])}}
+        finally:
+            t2t_log.setLevel(level)
+        print(report.status(grid, results, cells, seeds, plans,
+                            runner.stage_cpu_seconds(args.out_dir, grid)))
         return 0
     report.check_plotting()
     if not args.render_only:
@@ -315,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gin", action="append", default=[], metavar="BINDING",
                    help="extra binding for the grid file; repeatable")
     p.add_argument("--list", action="store_true",
-                   help="list the cells, their finished and remaining seeds, and exit")
+                   help="list the cells, their finished seeds, the seeds still to train and "
+                        "those that would copy another grid's finished stages, and exit")
     p.add_argument("--render_only", action="store_true", help="render what has finished")
     p.set_defaults(func=cmd_ablate)
     p = with_gin(sub.add_parser("compile", help="compile a step for a TPU slice (no TPU "

@@ -12,6 +12,7 @@ import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from t2t.ablations.grid import Grid
+from t2t.ablations.runner import FINISHED
 from t2t.errors import UserError
 
 Results = Dict[str, List[Dict[str, Any]]]   # cell key -> result per seed
@@ -305,32 +306,47 @@ def _cpu(grid, found: Sequence[Mapping[str, Any]]) -> str:
     return "–" if None in totals else f"{statistics.fmean(totals):.0f} s"
 
 
-def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[int]) -> str:
+def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[int],
+           plans: Mapping[Tuple[str, int], Mapping[str, Optional[str]]],
+           costs: Mapping[str, Sequence[float]]) -> str:
     """What `t2t ablate --list` prints: each cell's finished seeds (and their precision), the
-    selected seeds still to run, and the CPU time they should take at the mean of the
-    finished cell-seeds of their kind (pretrained or control) that ran here, not copied."""
-    lines, todo = [], []
+    selected seeds still to train and those that would only copy other grids' finished
+    stages (`plans`: `runner.plan_cell` by (cell key, seed)), and the CPU time the training
+    should take at the mean of `costs` (`runner.stage_cpu_seconds`) for each stage it runs."""
+    lines, todo, copies = [], [], 0
     for cell in cells:
         found = results.get(cell.key, [])
         done = sorted(r["seed"] for r in found)
-        missing = [s for s in seeds if s not in done]
-        todo += [cell] * len(missing)
+        missing = {s: plans[cell.key, s] for s in seeds if s not in done}
+        runs = [s for s, plan in missing.items() if None in plan.values()]
+        copied = [s for s in missing if s not in runs]
+        todo += [missing[s] for s in runs]
+        copies += len(copied)
         finished = f"{', '.join(map(str, done))} ({precisions(found)})" if found else "–"
-        lines.append(f"{cell.key:34s} {cell.label:38s} finished: {finished:30s} to run: "
-                     + (", ".join(map(str, missing)) or "–"))
-    costs: Dict[bool, List[float]] = {True: [], False: []}    # pretrained? -> CPU seconds
-    for r in (r for rs in results.values() for r in rs):
-        copied = any("copied_from" in st for st in [r["pretrain"], *finetunings(grid, r)])
-        cost = cpu_total(grid, r)
-        if not copied and cost is not None:
-            costs[bool(r["pretrain"].get("steps"))].append(cost)
-    total = sum(len(results.get(c.key, [])) for c in cells) + len(todo)
-    summary = f"{total - len(todo)} of {total} cell-seeds finished, {len(todo)} to run"
-    if todo and all(costs[c.pretrained] for c in todo):
-        hours = sum(statistics.fmean(costs[c.pretrained]) for c in todo) / 3600
+        line = (f"{cell.key:34s} {cell.label:38s} finished: {finished:30s} to run: "
+                + (", ".join(map(str, runs)) or "–"))
+        if copied:
+            twins = sorted({_twin_cell(d) for s in copied for d in missing[s].values()
+                            if d != FINISHED})
+            line += (f"; copies: {', '.join(map(str, copied))} "
+                     f"({', '.join(twins) or 'its finished stages'})")
+        lines.append(line)
+    total = sum(len(results.get(c.key, [])) for c in cells) + len(todo) + copies
+    summary = f"{total - len(todo) - copies} of {total} cell-seeds finished, {len(todo)} to run"
+    summary += f", {copies} to copy from finished stages" if copies else ""
+    stages = [stage for plan in todo for stage, source in plan.items() if source is None]
+    if stages and all(costs.get(stage) for stage in stages):
+        hours = sum(statistics.fmean(costs[stage]) for stage in stages) / 3600
         cost = f"{hours:.1f} CPU-hours" if hours >= 1 else f"{hours * 60:.0f} CPU-minutes"
-        summary += f": about {cost} at the mean CPU time of the finished ones that ran here"
+        summary += f": about {cost} at the mean CPU time of this grid's stages that trained here"
     return "\n".join(lines + [summary])
+
+
+def _twin_cell(stage_dir: str) -> str:
+    """'<grid>/<cell>' of a stage directory <out>/<grid>/<scale>/<cell>/seed<k>/<stage...>."""
+    parts = stage_dir.replace(os.sep, "/").split("/")
+    i = max(n for n, part in enumerate(parts) if part.startswith("seed"))
+    return f"{parts[i - 3]}/{parts[i - 1]}"
 
 
 def check_plotting() -> None:

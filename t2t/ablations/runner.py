@@ -139,13 +139,7 @@ def reuse(stage_dir: str, config_str: str, sha: str,
     clearing another configuration's work (its checkpoints must not be resumed). A stage
     from before fingerprints is adopted when its config.gin is the operative config."""
     sha_path = os.path.join(stage_dir, "config.sha256")
-    ran = _read_text(sha_path)
-    if ran is None:             # no fingerprint yet: fresh, or a stage from before them
-        old_config = _read_text(os.path.join(stage_dir, "config.gin"))
-        stale = old_config is not None and old_config != config_str
-    else:
-        stale = ran != sha
-    if stale:
+    if _stale(stage_dir, config_str, sha):
         progress(f"{stage_dir}: its configuration changed since it ran; starting it again")
         if jax.process_index() == 0:
             shutil.rmtree(stage_dir)
@@ -154,6 +148,22 @@ def reuse(stage_dir: str, config_str: str, sha: str,
         with open(sha_path, "w") as f:
             f.write(sha)
     return _read(os.path.join(stage_dir, "stage.json"))
+
+
+def _stale(stage_dir: str, config_str: str, sha: str) -> bool:
+    """Whether `stage_dir` holds another configuration's work (its fingerprint differs; a
+    stage from before fingerprints: its config.gin differs)."""
+    ran = _read_text(os.path.join(stage_dir, "config.sha256"))
+    if ran is None:             # no fingerprint yet: fresh, or a stage from before them
+        old_config = _read_text(os.path.join(stage_dir, "config.gin"))
+        return old_config is not None and old_config != config_str
+    return ran != sha
+
+
+def _finished_here(stage_dir: str, config_str: str, sha: str) -> Optional[Dict[str, Any]]:
+    """The finished stage `reuse` would return, read without changing anything."""
+    return None if _stale(stage_dir, config_str, sha) else _read(
+        os.path.join(stage_dir, "stage.json"))
 
 
 # The note `operative_config` adds under `TransformerConfig.dtype = 'auto'`: what it meant here.
@@ -289,6 +299,58 @@ def _read_text(path: str) -> Optional[str]:
         return f.read()
 
 
+def _pretrain_config(grid: Grid, cell: Cell, seed: int, model_dir: str) -> Tuple[Any, str, str]:
+    """(experiment, operative config, fingerprint) of the cell's pretraining in `model_dir`
+    (gin is left bound to it)."""
+    from t2t.run import experiment as experiment_lib
+    files, bindings = stage_config(grid, grid.scale.pretrain + cell.pretrain)
+    gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
+    exp = experiment_lib.experiment()
+    config_str = experiment_lib.operative_config(exp)
+    return exp, config_str, stage_fingerprint(model_dir, config_str)
+
+
+def _scored_as(grid: Grid, task: str) -> str:
+    """How a fine-tuning on `task` is scored (the split, how many examples): its fingerprint
+    holds this after the pretraining's."""
+    return f"{grid.scale.split_of(task)} {grid.scale.eval_examples}"
+
+
+def _finetune_config(grid: Grid, cell: Cell, seed: int, task: str,
+                     pretrained_dir: Optional[str], model_dir: str,
+                     pretrained_sha: str) -> Tuple[Any, str, str]:
+    """(experiment, operative config, fingerprint) of the cell's fine-tuning on `task` in
+    `model_dir` from `pretrained_dir` (None: random initialisation)."""
+    from t2t.run import experiment as experiment_lib
+    from t2t.run import finetune as finetune_lib
+    files, bindings = stage_config(grid, grid.scale.finetune_lines(task) + cell.finetune)
+    gin_utils.parse(files, bindings + [
+        f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",
+        f"MIXTURE_OR_TASK_NAME = {task!r}", f"SEED = {seed}",
+        f"evaluate_experiment.max_examples = {grid.scale.eval_examples!r}"])
+    exp = finetune_lib.finetune_experiment()
+    config_str = experiment_lib.operative_config(exp)
+    upstream = f"{pretrained_sha} {_scored_as(grid, task)}"
+    return exp, config_str, stage_fingerprint(model_dir, config_str, upstream)
+
+
+def _finetune_twin(grid: Grid, seed: int, task: str, model_dir: str, config_str: str,
+                   pretrained_dir: Optional[str], pretrained_sha: str,
+                   pretrain_twin: Optional[str], out_dir: Optional[str]) -> Optional[str]:
+    """The finished fine-tuning elsewhere under `out_dir` that ours would copy: the same
+    run from the pretraining ours was copied from, or (from random initialisation) another
+    grid's identical control."""
+    if not out_dir:
+        return None
+    tail = _scored_as(grid, task)
+    twin = pretrain_twin and twin_finetuning(out_dir, grid, seed, task, model_dir,
+                                             pretrain_twin, config_str, tail)
+    if not twin and pretrained_dir is None:
+        twin = twin_control(out_dir, grid, seed, task, model_dir, config_str,
+                            f"{pretrained_sha} {tail}")
+    return twin or None
+
+
 def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
              progress: Callable[[str], None] = print,
              out_dir: Optional[str] = None) -> Tuple[Dict[str, Any], str]:
@@ -297,11 +359,7 @@ def pretrain(grid: Grid, cell: Cell, seed: int, model_dir: str,
     then the scale's held-out score if it has one."""
     from t2t.run import experiment as experiment_lib
     from t2t.train.trainer import fit
-    files, bindings = stage_config(grid, grid.scale.pretrain + cell.pretrain)
-    gin_utils.parse(files, bindings + [f"MODEL_DIR = {model_dir!r}", f"SEED = {seed}"])
-    exp = experiment_lib.experiment()
-    config_str = experiment_lib.operative_config(exp)
-    sha = stage_fingerprint(model_dir, config_str)
+    exp, config_str, sha = _pretrain_config(grid, cell, seed, model_dir)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage, sha
@@ -393,25 +451,14 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
     `pretrained_dir` None: from random initialisation (a control row)."""
     from t2t.run import experiment as experiment_lib
     from t2t.run import finetune as finetune_lib
-    files, bindings = stage_config(grid, grid.scale.finetune_lines(task) + cell.finetune)
-    gin_utils.parse(files, bindings + [
-        f"MODEL_DIR = {model_dir!r}", f"INITIAL_CHECKPOINT = {pretrained_dir!r}",
-        f"MIXTURE_OR_TASK_NAME = {task!r}", f"SEED = {seed}",
-        f"evaluate_experiment.max_examples = {grid.scale.eval_examples!r}"])
-    exp = finetune_lib.finetune_experiment()
-    config_str = experiment_lib.operative_config(exp)
+    exp, config_str, sha = _finetune_config(grid, cell, seed, task, pretrained_dir, model_dir,
+                                            pretrained_sha)
     split = grid.scale.split_of(task)
-    tail = f"{split} {grid.scale.eval_examples}"
-    upstream = f"{pretrained_sha} {tail}"
-    sha = stage_fingerprint(model_dir, config_str, upstream)
     stage = reuse(model_dir, config_str, sha, progress)
     if stage is not None:
         return stage
-    twin = pretrain_twin and out_dir and twin_finetuning(out_dir, grid, seed, task, model_dir,
-                                                         pretrain_twin, config_str, tail)
-    if not twin and pretrained_dir is None and out_dir:
-        twin = twin_control(out_dir, grid, seed, task, model_dir, config_str,
-                            upstream)
+    twin = _finetune_twin(grid, seed, task, model_dir, config_str, pretrained_dir,
+                          pretrained_sha, pretrain_twin, out_dir)
     if twin:
         progress(f"fine-tuning on {task}: the same run finished in {twin}; copying it")
         stage = _copy_stage(twin, model_dir, sha)
@@ -435,14 +482,23 @@ RANDOM_INIT = {"stopped_by": "done", "random_init": True, "steps": 0, "tokens": 
                "flops": 0.0, "wall_s": 0.0, "cpu_s": 0.0}
 
 
+def _start_dir(cell: Cell, pre_dir: str) -> str:
+    """The directory the cell fine-tunes from: `pre_dir`, or its kept step `from_step`."""
+    return pre_dir if cell.from_step is None else os.path.join(pre_dir, "checkpoints",
+                                                               str(cell.from_step))
+
+
+def _upstream_sha(cell: Cell, pre_sha: str) -> str:
+    """The pretraining fingerprint a cell's fine-tunings record (with the step it took)."""
+    return pre_sha if cell.from_step is None else f"{pre_sha}@{cell.from_step}"
+
+
 def initial_checkpoint(cell: Cell, pre_dir: str) -> str:
     """What the cell fine-tunes from: the pretraining's MODEL_DIR (its last step), or the
     directory of step `cell.from_step` (a learning curve), which must have been kept."""
-    if cell.from_step is None:
-        return pre_dir
-    steps_dir = os.path.join(pre_dir, "checkpoints")
-    step_dir = os.path.join(steps_dir, str(cell.from_step))
-    if not os.path.isdir(step_dir):
+    step_dir = _start_dir(cell, pre_dir)
+    if cell.from_step is not None and not os.path.isdir(step_dir):
+        steps_dir = os.path.join(pre_dir, "checkpoints")
         kept = sorted(int(d) for d in os.listdir(steps_dir) if d.isdigit()) \
             if os.path.isdir(steps_dir) else []
         raise ConfigError(f"cell {cell.label!r} fine-tunes from pretraining step "
@@ -472,8 +528,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     downstream = {}
     for task, _ in grid.scale.tasks:
         stage = finetune(grid, cell, seed, task, start_from,
-                         os.path.join(root, "finetune", task),
-                         pre_sha if cell.from_step is None else f"{pre_sha}@{cell.from_step}",
+                         os.path.join(root, "finetune", task), _upstream_sha(cell, pre_sha),
                          say, pre.get("copied_from") if cell.from_step is None else None,
                          out_dir)
         if stage["stopped_by"] != "done":
@@ -494,6 +549,58 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     if jax.process_index() == 0:
         storage.write_json_atomically(os.path.join(root, "result.json"), result)
     return result
+
+
+# `plan_cell`: a stage this cell already finished, to be reused.
+FINISHED = "finished"
+
+
+def plan_cell(grid: Grid, cell: Cell, seed: int, out_dir: str) -> Dict[str, Optional[str]]:
+    """What `run_cell` would do at `seed`, found without training or changing anything:
+    {stage: FINISHED (its own, reused), the directory of another grid's identical finished
+    stage (copied), or None (trains here)} for 'pretrain' (pretrained cells) and
+    'finetune/<task>' for each of the scale's tasks. Leaves gin bound to the last stage."""
+    tasks = [f"finetune/{task}" for task, _ in grid.scale.tasks]
+    plan: Dict[str, Optional[str]] = {}
+    pretrain_twin, pre_sha, start_from = None, "random-init", None
+    if cell.pretrained:
+        pre_dir = pretrain_dir(out_dir, grid, cell, seed)
+        _, config_str, pre_sha = _pretrain_config(grid, cell, seed, pre_dir)
+        own = _finished_here(pre_dir, config_str, pre_sha)
+        twin = None if own else twin_pretraining(out_dir, grid, seed, pre_dir, config_str)
+        plan["pretrain"] = FINISHED if own else twin
+        if plan["pretrain"] is None:              # trained here: so are its fine-tunings
+            return {**plan, **dict.fromkeys(tasks)}
+        if cell.from_step is None:
+            pretrain_twin = own.get("copied_from") if own else twin
+        start_from = _start_dir(cell, pre_dir)
+    pre_sha = _upstream_sha(cell, pre_sha)
+    root = cell_dir(out_dir, grid, cell, seed)
+    for (task, _), stage in zip(grid.scale.tasks, tasks):
+        model_dir = os.path.join(root, "finetune", task)
+        _, config_str, sha = _finetune_config(grid, cell, seed, task, start_from, model_dir,
+                                              pre_sha)
+        plan[stage] = (FINISHED if _finished_here(model_dir, config_str, sha) else
+                       _finetune_twin(grid, seed, task, model_dir, config_str, start_from,
+                                      pre_sha, pretrain_twin, out_dir))
+    return plan
+
+
+def stage_cpu_seconds(out_dir: str, grid: Grid) -> Dict[str, List[float]]:
+    """CPU seconds of the grid's finished stages that trained (not copied) under `out_dir`,
+    by stage: 'pretrain' (with its held-out scores) and 'finetune/<task>'."""
+    found: Dict[str, List[float]] = {}
+    for seed_dir in glob.glob(os.path.join(out_dir, grid.name, grid.scale.name, "*", "seed*")):
+        stages = [("pretrain", os.path.join(seed_dir, "pretrain"))] + [
+            (f"finetune/{os.path.basename(d)}", d)
+            for d in glob.glob(os.path.join(seed_dir, "finetune", "*"))]
+        for name, stage_dir in stages:
+            stage = _read(os.path.join(stage_dir, "stage.json"))
+            if stage is None or "copied_from" in stage or stage.get("cpu_s") is None:
+                continue
+            found.setdefault(name, []).append(stage["cpu_s"] + sum(
+                stage[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in stage))
+    return found
 
 
 def shard(items: Sequence[Any], spec: Optional[str]) -> List[Any]:

@@ -133,9 +133,19 @@ def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monk
     same, wide = grid.cells
     for module in (trainer_lib, finetune_lib):
         monkeypatch.setattr(module, "fit", lambda *a, **k: pytest.fail("trained again"))
+    twin = os.path.join(out, "micro", "tiny", "encoder_decoder", "seed0")
+    tuning = os.path.join("finetune", "bible_style_kjv_to_web")
+    # --list's plan, read before anything runs: the same cell copies both stages, Wide trains
+    assert runner.plan_cell(grid, same, 0, out) == {
+        "pretrain": os.path.join(twin, "pretrain"), tuning: os.path.join(twin, tuning)}
+    assert runner.plan_cell(grid, wide, 0, out) == dict.fromkeys(["pretrain", tuning])
+    listed = report.status(grid, {}, grid.cells, [0], {
+        (c.key, 0): runner.plan_cell(grid, c, 0, out) for c in grid.cells}, {})
+    assert "to run: –; copies: 0 (micro/encoder_decoder)" in listed.splitlines()[0]
+    assert listed.splitlines()[-1] == ("0 of 2 cell-seeds finished, 1 to run, 1 to copy from "
+                                       "finished stages")
     said = []
     result = runner.run_cell(grid, same, 0, out, said.append)
-    twin = os.path.join(out, "micro", "tiny", "encoder_decoder", "seed0")
     assert result["pretrain"]["copied_from"] == os.path.join(twin, "pretrain")
     tuned = result["finetune"]["bible_style_kjv_to_web"]
     assert tuned["copied_from"] == os.path.join(twin, "finetune", "bible_style_kjv_to_web")
@@ -146,6 +156,8 @@ def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monk
     assert os.listdir(os.path.join(model_dir, "checkpoints")) == ["2"]
     assert model_dir in open(os.path.join(model_dir, "config.gin")).read()
     assert runner.run_cell(grid, same, 0, out, said.append) == result    # cached now
+    assert runner.plan_cell(grid, same, 0, out) == dict.fromkeys(["pretrain", tuning],
+                                                                 runner.FINISHED)
     assert report._copied([result["pretrain"]]) == report._copied([tuned]) == " (ran in micro)"
     with pytest.raises(pytest.fail.Exception, match="trained again"):
         runner.run_cell(grid, wide, 0, out, said.append)
@@ -238,20 +250,25 @@ def test_list_says_which_seeds_finished_and_what_the_rest_should_cost(ran, capsy
     grid, out, _ = ran
     here = precision.resolve_dtype("auto")
     results = runner.load_results(grid, out)
-    text = report.status(grid, results, grid.cells, [0, 1])
+    plans = {(c.key, 1): runner.plan_cell(grid, c, 1, out) for c in grid.cells}
+    assert all(set(plan.values()) == {None} for plan in plans.values())     # seed 1 trains
+    costs = runner.stage_cpu_seconds(out, grid)
+    assert sorted(costs) == ["finetune/bible_style_kjv_to_web", "pretrain"]
+    text = report.status(grid, results, grid.cells, [0, 1], plans, costs)
     lines = text.splitlines()
     assert lines[0].startswith("encoder_decoder") and "Encoder-decoder" in lines[0]
     assert f"finished: 0 ({here})" in lines[0] and lines[0].endswith("to run: 1")
     cpu = [sum(st["cpu_s"] for st in [r["pretrain"], *r["finetune"].values()])
            for rs in results.values() for r in rs]
-    minutes = sum(cpu) / 60          # seed 1 of both cells at their mean: the same sum
+    minutes = sum(cpu) / 60          # seed 1 of both cells at their stages' mean: the same sum
     assert lines[-1] == (f"2 of 4 cell-seeds finished, 2 to run: about {minutes:.0f} "
-                         "CPU-minutes at the mean CPU time of the finished ones that ran here")
-    assert report.status(grid, results, grid.cells, [0]).splitlines()[-1] == \
+                         "CPU-minutes at the mean CPU time of this grid's stages that trained "
+                         "here")
+    assert report.status(grid, results, grid.cells, [0], {}, costs).splitlines()[-1] == \
         "2 of 2 cell-seeds finished, 0 to run"
     main(["ablate", grid.source, "--scale=tiny", f"--out_dir={out}", "--list"])
-    assert capsys.readouterr().out.strip() == report.status(grid, results, grid.cells,
-                                                            [0]).strip()
+    assert capsys.readouterr().out.strip() == report.status(grid, results, grid.cells, [0],
+                                                            {}, costs).strip()
 
 
 def test_each_stage_records_the_vocabulary_file_it_used(ran):
@@ -421,6 +438,11 @@ def test_a_control_row_and_a_learning_curve_share_one_pretraining(tmp_path):
     other = tmp_path / "other.gin"
     other.write_text(CURVE.replace("ablation.name = 'curve'", "ablation.name = 'other'")
                      .replace("'1 step': {'key': 'step1', 'from_step': 1}, ", ""))
+    other_grid = grid_lib.load_grid(str(other), "tiny")
+    tuning = os.path.join("finetune", "bible_style_kjv_to_web")
+    control = runner.plan_cell(other_grid, other_grid.cells[1], 0, str(out))
+    assert control == {tuning: os.path.join(runner.cell_dir(str(out), grid, grid.cells[2], 0),
+                                            tuning)}
     main(["ablate", str(other), "--scale=tiny", f"--out_dir={out}", f"--docs_dir={docs}"])
     copied = runner.load_results(grid_lib.load_grid(str(other), "tiny"), str(out))
     for key in ("random_init", "2_steps"):
