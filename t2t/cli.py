@@ -429,6 +429,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         _report_error(args.command, e, " ".join(str(e).split()))
         return EXIT_USAGE
+    except TypeError as e:    # gin's unbound %MACRO
+        from t2t.run import gin_utils
+        summary = gin_utils.unbound_macro(e)
+        if verbose or summary is None:
+            raise
+        _report_error(args.command, e, summary)
+        return EXIT_USAGE
 
 
 def _is_gin_error(error: ValueError) -> bool:

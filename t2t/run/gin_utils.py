@@ -176,3 +176,24 @@ def query_macro(name: str, default: Optional[str] = None):
         return gin.query_parameter(f"%{name}")
     except ValueError:
         return default
+
+
+# gin's error when a config reads %NAME and nothing binds NAME: its `macro` configurable is
+# called without a value (a TypeError, raised where the macro is first used).
+_UNBOUND_MACRO = re.compile(r"In call to configurable 'macro' \(.*?\) in scope '([\w.]+)'")
+
+
+def unbound_macro(error: BaseException) -> Optional[str]:
+    """One line for gin's unbound-macro error, naming shipped configs that bind the macro;
+    None for any other error."""
+    found = _UNBOUND_MACRO.search(str(error))
+    if not found:
+        return None
+    name = found.group(1)
+    binds = re.compile(rf"^{re.escape(name)}\s*=", re.MULTILINE)
+    files = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.gin")
+                   if binds.search(p.read_text(encoding="utf-8")))
+    hint = (f" (it is bound in {', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
+            if files else "")
+    return (f"the config uses %{name} but nothing binds it: add a --gin_file that does{hint} "
+            f"or --gin {name}=...")

@@ -31,6 +31,19 @@ def test_misspelt_macro_is_an_error_naming_the_nearest(tmp_path, capsys):
     assert "TRAIN_STEPSS" in open(ERROR_LOG).read()      # the traceback went to the log
 
 
+def test_an_unbound_macro_says_which_shipped_configs_bind_it(tmp_path, capsys):
+    """runs/pretrain_bert.gin reads %OBJECTIVE; a model file without an objective leaves it
+    unbound, which gin reports as a TypeError from deep inside its macro machinery."""
+    argv = ["train", "--gin_file=runs/pretrain_bert.gin", "--gin_file=models/bert/test.gin",
+            f"--gin.MODEL_DIR={tmp_path}/run"]
+    assert main(argv) == 2
+    err = _one_line_error(capsys)
+    assert "the config uses %OBJECTIVE but nothing binds it" in err
+    assert "objectives/albert_ngram_sop.gin" in err and "--gin OBJECTIVE=..." in err
+    assert not (tmp_path / "run").exists()
+    assert gin_utils.unbound_macro(TypeError("missing 1 required positional argument")) is None
+
+
 def test_unused_binding_check_accepts_every_used_macro():
     bindings = ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 3", "BATCH_SIZE = 2", "SEED = 1",
                 "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}",
