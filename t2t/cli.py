@@ -228,13 +228,25 @@ def cmd_mlm_eval(args) -> int:
     return 0
 
 
+def _seed_list(text: str) -> List[int]:
+    """`--seeds 0,1,2` -> [0, 1, 2]; argparse says what is wrong with anything else."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"takes comma-separated whole numbers such as 0,1,2, got {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"seeds are 0 or more, got {text!r}")
+    return seeds
+
+
 def cmd_ablate(args) -> int:
     """`t2t ablate configs/ablations/t5_table2.gin --scale=tiny`: run (or resume) every
     cell of the grid, then render its table and plot into --docs_dir."""
     from t2t.ablations import grid as grid_lib, report, runner
     grid = grid_lib.load_grid(args.grid, args.scale, args.gin + args.gin_bindings)
     cells = grid.select(args.cells.split(",") if args.cells else ())
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(grid.scale.seeds)
+    seeds = args.seeds if args.seeds is not None else list(grid.scale.seeds)
     if args.list:
         results = runner.load_results(grid, args.out_dir)
         t2t_log = logging.getLogger("t2t")
@@ -318,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny | micro | small | paper (the grid's scales; "
                         "micro_learning_curve.gin has micro only)")
     p.add_argument("--cells", help="comma-separated regexes of cell keys or labels (default: all)")
-    p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    p.add_argument("--seeds", type=_seed_list,
+                   help="comma-separated seeds such as 0,1,2 (default: the scale's)")
     p.add_argument("--shard", help="i/n: run every n-th (cell, seed) from i (parallel hosts)")
     p.add_argument("--out_dir", default=ABLATION_OUT_DIR, help="where cells run and are cached")
     p.add_argument("--docs_dir", default="docs/ablations", help="where the table and plot go")

@@ -209,3 +209,12 @@ def test_a_bad_cache_limit_is_one_line_before_anything_runs(monkeypatch, tmp_pat
         jax.config.update("jax_compilation_cache_dir", configured)
     assert "T2T_COMPILATION_CACHE_MAX_GB='four' is not a number" in _one_line_error(capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_ablate_seeds_that_are_not_numbers_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["ablate", "configs/ablations/t5_table2.gin", "--scale=tiny", "--seeds", "0,x",
+              "--list"])
+    assert exit_.value.code == 2
+    assert "argument --seeds: takes comma-separated whole numbers such as 0,1,2, got '0,x'" \
+        in capsys.readouterr().err
