@@ -29,6 +29,7 @@ import numpy as np
 from t2t.data.converters import FeatureConverter
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import InvalidRecord, RandomAccessSource, ShardedSource
+from t2t.errors import ConfigError
 
 PreprocessFn = Callable[[Any, tuple[int, ...]], Any]  # (record, seed) -> dict | [dict] | None
 STATE_VERSION = 1
@@ -228,9 +229,14 @@ class BatchIterator:
 
 
 def _local_rows(batch_size: int, process_count: int) -> int:
+    """This process's rows of a global batch (both checked: a batch of 0 rows would train
+    on nothing, with a loss of 0)."""
+    if batch_size < 1:
+        raise ConfigError(f"the batch size must be at least 1 row, got {batch_size}: set "
+                          "BATCH_SIZE (--gin.BATCH_SIZE=16)")
     if batch_size % process_count:
-        raise ValueError(f"global batch_size {batch_size} not divisible by {process_count} "
-                         "processes")
+        raise ConfigError(f"global batch_size {batch_size} not divisible by {process_count} "
+                          "processes: make BATCH_SIZE a multiple of it")
     return batch_size // process_count
 
 

@@ -72,6 +72,19 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
         if hint:
             raise ValueError(f"{e}\n  {hint}") from None
         raise
+    except SyntaxError as e:      # gin's parser: a value it cannot read, in a file or --gin
+        raise ConfigError(_syntax_error(e)) from e
+
+
+def _syntax_error(error: SyntaxError) -> str:
+    """One line for gin's SyntaxError: where (the --gin binding, or file and line) and what."""
+    what = str(error.msg).strip().splitlines()[-1].strip().rstrip(".") if error.msg else \
+        "a syntax error"
+    if error.filename in (None, "<string>"):
+        return (f"--gin {(error.text or '').strip()}: {what}; a string needs quotes "
+                "(--gin.NAME=\"'text'\"), other values are numbers, True/False/None, lists, "
+                "dicts, %MACROS or @references")
+    return f"{error.filename}, line {error.lineno}: {what}: {(error.text or '').strip()}"
 
 
 def _suggest(message: str) -> Optional[str]:

@@ -218,3 +218,22 @@ def test_ablate_seeds_that_are_not_numbers_are_a_usage_error(capsys):
     assert exit_.value.code == 2
     assert "argument --seeds: takes comma-separated whole numbers such as 0,1,2, got '0,x'" \
         in capsys.readouterr().err
+
+
+def test_a_gin_value_gin_cannot_read_is_one_line_naming_the_binding(tmp_path, capsys):
+    # `--gin NAME=value` is gin syntax as typed (`--gin.NAME=word` quotes a bare word itself)
+    assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run", "--gin", "CORPUS=bible_kjv"]) == 2
+    err = _one_line_error(capsys)
+    assert "--gin CORPUS=bible_kjv: Failed to parse token 'bible_kjv'; a string needs quotes" \
+        in err
+    bad = tmp_path / "bad.gin"
+    bad.write_text("BATCH_SIZE = 16\nTRAIN_STEPS = 1 2\n")
+    assert main(T5 + [f"--gin_file={bad}", f"--gin.MODEL_DIR={tmp_path}/run"]) == 2
+    assert f"{bad}, line 2: Expected newline: TRAIN_STEPS = 1 2" in _one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_batch_of_no_rows_is_an_error_not_a_run_with_loss_zero(tmp_path, capsys):
+    assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run", "--gin.BATCH_SIZE=0"]) == 2
+    assert "the batch size must be at least 1 row, got 0" in _one_line_error(capsys)
+    assert not (tmp_path / "run" / "checkpoints").exists()
