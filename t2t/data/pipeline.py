@@ -167,7 +167,7 @@ class BatchIterator:
                 barren = barren + 1 if not self._current else 0
                 if barren == MAX_BARREN_RECORDS:
                     skipped = {k: v for k, v in self._stats.items() if k.startswith("skipped/")}
-                    raise ValueError(f"{barren} records in a row gave no example (counts so "
+                    raise ConfigError(f"{barren} records in a row gave no example (counts so "
                                      f"far: {skipped}); do the feature lengths "
                                      f"{self.converter.lengths} fit this task?")
                 continue

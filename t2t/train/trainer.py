@@ -22,7 +22,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from t2t.errors import CheckpointMismatchError
+from t2t.errors import CheckpointMismatchError, ConfigError
 from t2t.models.base import Model
 from t2t.train import flops as flops_lib
 from t2t.train import param_views, partitioning
@@ -60,6 +60,18 @@ class TrainConfig:
     # Generator of the dropout masks (parameter init is always threefry). On CPU "rbg" and
     # "unsafe_rbg" were no faster (benchmarks/dropout_rng.py); TPU setups often pick them.
     dropout_rng_impl: str = "threefry2x32"
+
+    # field -> the least value that makes sense (train_steps 0: build, restore, save; no step)
+    _LEAST = {"train_steps": 0, "log_every": 1, "checkpoint_every": 1, "keep_checkpoints": 1,
+              "num_microbatches": 1, "eval_every": 0, "eval_steps": 1}
+
+    def __post_init__(self):
+        for name, least in self._LEAST.items():
+            value = getattr(self, name)
+            if value < least:
+                macro = " (TRAIN_STEPS)" if name == "train_steps" else ""
+                raise ConfigError(f"TrainConfig.{name}{macro} must be at least {least}, "
+                                  f"got {value}")
 
 
 class NonFiniteLossError(RuntimeError):

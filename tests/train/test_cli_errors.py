@@ -237,3 +237,14 @@ def test_a_batch_of_no_rows_is_an_error_not_a_run_with_loss_zero(tmp_path, capsy
     assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run", "--gin.BATCH_SIZE=0"]) == 2
     assert "the batch size must be at least 1 row, got 0" in _one_line_error(capsys)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("binding, said", [
+    ("--gin.TRAIN_STEPS=-5", "TrainConfig.train_steps (TRAIN_STEPS) must be at least 0, got -5"),
+    ("--gin.TrainConfig.checkpoint_every=0", "TrainConfig.checkpoint_every must be at least 1"),
+    ("--gin.TASK_FEATURE_LENGTHS={'inputs': 0, 'targets': 8}",
+     "records in a row gave no example (counts so far: {}); do the feature lengths "
+     "{'inputs': 0, 'targets': 8} fit this task?")])
+def test_numbers_no_run_can_use_are_one_line(tmp_path, capsys, binding, said):
+    assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run", binding]) == 2
+    assert said in _one_line_error(capsys)
