@@ -248,3 +248,10 @@ def test_a_batch_of_no_rows_is_an_error_not_a_run_with_loss_zero(tmp_path, capsy
 def test_numbers_no_run_can_use_are_one_line(tmp_path, capsys, binding, said):
     assert main(T5 + [f"--gin.MODEL_DIR={tmp_path}/run", binding]) == 2
     assert said in _one_line_error(capsys)
+
+
+def test_eval_of_a_pretraining_config_says_it_needs_a_fine_tuning_one(tmp_path, capsys):
+    assert main(["eval", "--gin_file=experiments/t5_tiny_bible.gin",
+                 f"--gin.MODEL_DIR={tmp_path}"]) == 2
+    err = _one_line_error(capsys)
+    assert "this is not a fine-tuning config (nothing binds INITIAL_CHECKPOINT)" in err
