@@ -125,6 +125,7 @@ def topology_devices(slice_: Slice, num_slices: int = 1) -> Sequence:
     if importlib.util.find_spec("libtpu") is None:
         raise UserError("compiling for a TPU topology needs libtpu: "
                            "pip install 't2t[tpu]' (or 'jax[tpu]==0.10.2')")
+    import jax
     from jax.experimental import topologies
     kwargs = {"chip_config_name": "megacore"} if slice_.chip.megacore else {}
     if num_slices > 1:
@@ -135,8 +136,16 @@ def topology_devices(slice_: Slice, num_slices: int = 1) -> Sequence:
     # while libtpu starts; nothing else in this process should think it is on a TPU VM).
     with _environ(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_ACCELERATOR_TYPE=slice_.accelerator_type,
                   TPU_WORKER_HOSTNAMES="localhost"):
-        devices = topologies.get_topology_desc(topology_name=slice_.topology, platform="tpu",
-                                               **kwargs).devices
+        try:
+            devices = topologies.get_topology_desc(topology_name=slice_.topology,
+                                                   platform="tpu", **kwargs).devices
+        except jax.errors.JaxRuntimeError as e:   # a shape libtpu cannot lay out on hosts
+            said = str(e).splitlines()[0].split("INVALID_ARGUMENT:")[-1].strip()
+            offered = ", ".join(f"{slice_.chip.name}:{'x'.join(map(str, s))}"
+                                for s in slice_.chip.shapes.values())
+            raise TopologyError(f"libtpu cannot build {slice_.name!r}: {said}; the "
+                                f"{slice_.chip.name} slices Cloud TPU offers: {offered}"
+                                ) from None
     expected = slice_.num_chips * num_slices
     if len(devices) != expected:
         raise RuntimeError(f"libtpu made {len(devices)} devices for {slice_.topology} x "

@@ -110,6 +110,8 @@ def test_datasheet_peaks_match_flops_table():
 @needs_libtpu
 @pytest.mark.parametrize("args, says", [
     (["--topology=v7x-8"], "unknown TPU topology 'v7x-8'"),
+    (["--topology=v5e:3x3"], "libtpu cannot build 'v5e:3x3': Topology layout \"v5e:3x3\" is "
+                             "not divisible"),
     (["--topology=v5e-8"], "needs 256 devices but 8 are available (on v5e-8: 8 chips)"),
     (["--gin.BATCH_SIZE=100"], "global batch size 100 is not divisible by the 128 ways"),
     (["--num_slices=2"], "but --num_slices=2; bind MeshConfig.dcn_data=2"),
