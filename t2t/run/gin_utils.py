@@ -180,7 +180,10 @@ def _resolve(path: str) -> str:
     for base in (CONFIG_DIR, CONFIG_DIR.parent):
         if (base / path).exists():
             return str(base / path)
-    raise FileNotFoundError(f"gin file {path!r} not found (looked in ., {CONFIG_DIR})")
+    shipped = [str(f.relative_to(CONFIG_DIR)) for f in CONFIG_DIR.rglob("*.gin")]
+    near = difflib.get_close_matches(path.removeprefix("configs/"), shipped, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise FileNotFoundError(f"gin file {path!r} not found (looked in ., {CONFIG_DIR}){hint}")
 
 
 def query_macro(name: str, default: Optional[str] = None):

@@ -255,3 +255,12 @@ def test_eval_of_a_pretraining_config_says_it_needs_a_fine_tuning_one(tmp_path, 
                  f"--gin.MODEL_DIR={tmp_path}"]) == 2
     err = _one_line_error(capsys)
     assert "this is not a fine-tuning config (nothing binds INITIAL_CHECKPOINT)" in err
+
+
+def test_a_misspelt_gin_file_names_the_nearest_shipped_ones(capsys):
+    assert main(["params", "--gin_file=experiments/t5_tiny_bibel.gin"]) == 2
+    err = _one_line_error(capsys)
+    assert "gin file 'experiments/t5_tiny_bibel.gin' not found" in err
+    assert "did you mean experiments/t5_tiny_bible.gin," in err
+    assert main(["ablate", "configs/ablations/t5_tabel2.gin", "--scale=tiny", "--list"]) == 2
+    assert "did you mean ablations/t5_table2.gin" in _one_line_error(capsys)
