@@ -254,8 +254,8 @@ def cmd_ablate(args) -> int:
         level = t2t_log.level
         t2t_log.setLevel(logging.WARNING)       # each stage's config logs its vocabulary size
         try:
-            plans = {(c.key, s): runner.plan_cell(grid, c, s, args.out_dir) for c in cells
-                     for s in seeds if s not in {r["seed"] for r in results.get(c.key, [])}}
+            plans = runner.plan_grid(grid, cells, seeds, args.out_dir, {
+                key: [r["seed"] for r in found] for key, found in results.items()})
         finally:
             t2t_log.setLevel(level)
         print(report.status(grid, results, cells, seeds, plans,

@@ -586,6 +586,25 @@ def plan_cell(grid: Grid, cell: Cell, seed: int, out_dir: str) -> Dict[str, Opti
     return plan
 
 
+def plan_grid(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int], out_dir: str,
+              finished: Dict[str, Sequence[int]]) -> Dict[Tuple[str, int], Dict[str, Any]]:
+    """`plan_cell` for each selected (cell, seed) not in `finished` ({cell key: seeds}). A
+    pretraining that cells share (BERT Table 5's two LTR rows) trains once: the later
+    cells' plans name its directory instead of None."""
+    plans, trains = {}, set()
+    for seed in seeds:
+        for cell in cells:
+            if seed in finished.get(cell.key, ()):
+                continue
+            plan = plan_cell(grid, cell, seed, out_dir)
+            if cell.pretrained and plan["pretrain"] is None:
+                pre_dir = pretrain_dir(out_dir, grid, cell, seed)
+                plan["pretrain"] = pre_dir if pre_dir in trains else None
+                trains.add(pre_dir)
+            plans[cell.key, seed] = plan
+    return plans
+
+
 def stage_cpu_seconds(out_dir: str, grid: Grid) -> Dict[str, List[float]]:
     """CPU seconds of the grid's finished stages that trained (not copied) under `out_dir`,
     by stage: 'pretrain' (with its held-out scores) and 'finetune/<task>'."""

@@ -302,6 +302,31 @@ def test_report_puts_our_numbers_beside_the_papers(ran):
     assert f"t2t ablate {grid.source} --scale=tiny --out_dir={out}" in md   # the command ran
 
 
+def test_list_counts_a_pretraining_two_cells_share_once(tmp_path):
+    """BERT Table 5's LTR rows share one pretraining: --list's plan trains it in the first
+    cell and names its directory in the second, which then costs only its fine-tunings."""
+    path = tmp_path / "shared.gin"
+    path.write_text(GRID.replace(
+        "'Prefix LM': [\"MODEL_FAMILY = 'gpt'\", \"experiment.converter = 'prefix_lm'\"]",
+        "'Other head': {'finetune': ['TrainConfig.log_every = 2']}").replace(
+        "'Prefix LM': [81.82]", "'Other head': [0.0]").replace("'P': 'Prefix LM'",
+                                                                "'P': 'Other head'"))
+    grid = grid_lib.load_grid(str(path), "tiny")
+    first, second = grid.cells
+    out = str(tmp_path / "runs")
+    plans = runner.plan_grid(grid, grid.cells, [0], out, {})
+    tuning = os.path.join("finetune", "bible_style_kjv_to_web")
+    assert plans[first.key, 0] == dict.fromkeys(["pretrain", tuning])
+    assert plans[second.key, 0] == {"pretrain": runner.pretrain_dir(out, grid, first, 0),
+                                    tuning: None}
+    costs = {"pretrain": [600.0], tuning: [60.0]}
+    assert report.status(grid, {}, grid.cells, [0], plans, costs).splitlines()[-1] == (
+        "0 of 2 cell-seeds finished, 2 to run: about 12 CPU-minutes at the mean CPU time of "
+        "this grid's stages that trained here")
+    assert runner.plan_grid(grid, [second], [0], out, {}) == {       # selected alone: it
+        (second.key, 0): dict.fromkeys(["pretrain", tuning])}          # trains the pretraining
+
+
 def test_summaries_and_shards():
     assert report.summarize([1.0, None, 3.0]) == (2.0, 1.0, 2)
     assert report.summarize([None]) is None
