@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -210,14 +211,18 @@ def _human(x: float) -> str:
 
 
 def _copied(stages: Sequence[Mapping[str, Any]]) -> str:
-    """' (ran in <grid>)' when stages were copied from another grid's (`runner` twins):
-    <out>/<grid>/<scale>/<cell>/seed<k>/pretrain or .../finetune/<task>."""
-    grids = set()
-    for stage in stages:
-        if "copied_from" in stage:
-            parts = stage["copied_from"].replace(os.sep, "/").split("/")
-            grids.add(parts[-5] if parts[-1] == "pretrain" else parts[-6])
+    """' (ran in <grid>)' when stages were copied from another grid's (`runner` twins)."""
+    grids = {_stage_cell(stage["copied_from"]).split("/")[0] for stage in stages
+             if "copied_from" in stage}
     return f" (ran in {', '.join(sorted(grids))})" if grids else ""
+
+
+def _stage_cell(stage_dir: str) -> str:
+    """'<grid>/<cell>' of a stage directory <out>/<grid>/<scale>/<cell>/seed<k>/pretrain or
+    .../seed<k>/finetune/<task>."""
+    parts = stage_dir.replace(os.sep, "/").split("/")
+    i = max(n for n, part in enumerate(parts) if re.fullmatch(r"seed\d+", part))
+    return f"{parts[i - 3]}/{parts[i - 1]}"
 
 
 def compute_table(grid: Grid, results: Results) -> str:
@@ -311,7 +316,7 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
            costs: Mapping[str, Sequence[float]]) -> str:
     """What `t2t ablate --list` prints: each cell's finished seeds (and their precision), the
     selected seeds still to train and those that would only copy other grids' finished
-    stages (`plans`: `runner.plan_cell` by (cell key, seed)), and the CPU time the training
+    stages (`plans`: `runner.plan_grid`'s), and the CPU time the training
     should take at the mean of `costs` (`runner.stage_cpu_seconds`) for each stage it runs."""
     lines, todo, copies = [], [], 0
     for cell in cells:
@@ -326,7 +331,7 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
         line = (f"{cell.key:34s} {cell.label:38s} finished: {finished:30s} to run: "
                 + (", ".join(map(str, runs)) or "–"))
         if copied:
-            twins = sorted({_twin_cell(d) for s in copied for d in missing[s].values()
+            twins = sorted({_stage_cell(d) for s in copied for d in missing[s].values()
                             if d != FINISHED})
             line += (f"; copies: {', '.join(map(str, copied))} "
                      f"({', '.join(twins) or 'its finished stages'})")
@@ -340,13 +345,6 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
         cost = f"{hours:.1f} CPU-hours" if hours >= 1 else f"{hours * 60:.0f} CPU-minutes"
         summary += f": about {cost} at the mean CPU time of this grid's stages that trained here"
     return "\n".join(lines + [summary])
-
-
-def _twin_cell(stage_dir: str) -> str:
-    """'<grid>/<cell>' of a stage directory <out>/<grid>/<scale>/<cell>/seed<k>/<stage...>."""
-    parts = stage_dir.replace(os.sep, "/").split("/")
-    i = max(n for n, part in enumerate(parts) if part.startswith("seed"))
-    return f"{parts[i - 3]}/{parts[i - 1]}"
 
 
 def check_plotting() -> None:
