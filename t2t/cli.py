@@ -122,12 +122,21 @@ def cmd_infer(args) -> int:
     prefix = None if args.raw else getattr(exp.task, "input_prefix", None)
     if prefix:
         print(f"inputs start with the task's {prefix!r} (--raw: as given)", file=sys.stderr)
-    outputs = finetune.infer_lines(exp, params, lines, batch_size=args.batch_size,
+    texts = [n for n, line in enumerate(lines) if line.strip()]   # blank lines stay blank
+    if len(texts) < len(lines):
+        print(f"{len(lines) - len(texts)} blank input line(s): blank output line(s)",
+              file=sys.stderr)
+    decoded = finetune.infer_lines(exp, params, [lines[n] for n in texts],
+                                   batch_size=args.batch_size,
                                    max_decode_length=args.max_decode_length,
-                                   prefix=prefix, strategy=args.strategy, **options)
+                                   prefix=prefix, strategy=args.strategy, **options) \
+        if texts else []
+    outputs = [""] * len(lines)
+    for n, text in zip(texts, decoded):
+        outputs[n] = " ".join(str(text).split())
     out = sys.stdout if args.output in (None, "-") else open(args.output, "w")
     for text in outputs:
-        print(" ".join(str(text).split()), file=out)
+        print(text, file=out)
     if out is not sys.stdout:
         out.close()
     return 0

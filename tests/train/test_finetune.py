@@ -124,7 +124,10 @@ def test_infer_cli_prints_one_line_per_input(finetuned, monkeypatch, capsys, str
     main(["infer", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={finetuned}",
           "--gin.INITIAL_CHECKPOINT=unused", *strategy,
           *[f"--gin={b}" for b in FT_BINDINGS]])
-    assert len(capsys.readouterr().out.split("\n")) == len(lines) + 1  # trailing newline
+    said = capsys.readouterr()
+    out = said.out.split("\n")
+    assert len(out) == len(lines) + 1 and out[-2:] == ["", ""]   # trailing newline
+    assert "1 blank input line(s): blank output line(s)" in said.err    # not decoded
 
 
 @pytest.mark.parametrize("raw", [False, True])
