@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -447,48 +446,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         _report_error(args.command, e, getattr(e, "summary", None) or str(e).splitlines()[0])
         return EXIT_USAGE
-    except ValueError as e:   # gin's parse errors: a misspelt name, with file, line and hint
-        if verbose or not _is_gin_error(e):
-            raise
-        _report_error(args.command, e, " ".join(str(e).split()))
-        return EXIT_USAGE
-    except RuntimeError as e:     # gin: a configurable's required parameter left unbound
-        summary = _required_bindings(e)
-        if verbose or summary is None:
-            raise
-        _report_error(args.command, e, summary)
-        return EXIT_USAGE
-    except TypeError as e:    # gin's unbound %MACRO
+    except (ValueError, RuntimeError, TypeError) as e:   # gin's own errors, in one line
         from t2t.run import gin_utils
-        summary = gin_utils.unbound_macro(e)
+        summary = gin_utils.error_summary(e)
         if verbose or summary is None:
             raise
         _report_error(args.command, e, summary)
         return EXIT_USAGE
-
-
-def _required_bindings(error: RuntimeError) -> Optional[str]:
-    """One line for gin's "Required bindings for `fn` not provided in config: [...]"; a
-    fine-tuning experiment's INITIAL_CHECKPOINT says which configs have one."""
-    found = re.search(r"Required bindings for `(\w+)` not provided in config: \[([^]]*)\]",
-                      str(error))
-    if not found:
-        return None
-    fn, names = found.group(1), found.group(2).replace("'", "")
-    if fn == "finetune_experiment" and "initial_checkpoint" in names:
-        return ("this is not a fine-tuning config (nothing binds INITIAL_CHECKPOINT): `t2t "
-                "finetune`, `eval` and `infer` take one, such as configs/experiments/"
-                "finetune_t5_from_files.gin, or add --gin.INITIAL_CHECKPOINT=<run or Hugging "
-                "Face dir>")
-    return (f"this config does not bind {fn}'s {names}: add --gin.{fn}.<name>=... for each, "
-            "or a --gin_file that binds them")
-
-
-def _is_gin_error(error: ValueError) -> bool:
-    """gin raises plain ValueErrors for unknown configurables/parameters and bad syntax."""
-    text = str(error)
-    return any(s in text for s in ("No configurable matching", "doesn't have a parameter",
-                                   "In file", "Unknown reference", "Could not parse"))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from t2t.ablations.grid import Grid
-from t2t.ablations.runner import FINISHED
+from t2t.ablations.runner import FINISHED, stage_cpu_s
 from t2t.errors import UserError
 
 Results = Dict[str, List[Dict[str, Any]]]   # cell key -> result per seed
@@ -299,9 +299,8 @@ def finetunings(grid, result: Mapping[str, Any]) -> List[Mapping[str, Any]]:
 def cpu_total(grid: Grid, result: Mapping[str, Any]) -> Optional[float]:
     """CPU seconds of one finished cell-seed: pretraining, its held-out scores, every
     fine-tuning and scoring on the scale's tasks; None where the runner did not record them."""
-    pre = result["pretrain"]
-    parts = [pre.get("cpu_s")] + [s.get("cpu_s") for s in finetunings(grid, result)]
-    parts += [pre[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in pre]
+    parts = [stage_cpu_s(result["pretrain"])] + [stage_cpu_s(s) for s in
+                                                  finetunings(grid, result)]
     return None if None in parts else sum(parts)
 
 

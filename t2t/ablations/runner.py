@@ -480,6 +480,9 @@ def finetune(grid: Grid, cell: Cell, seed: int, task: str, pretrained_dir: Optio
 # The pretraining stage of a control row, which has none (the table's compute columns read it).
 RANDOM_INIT = {"stopped_by": "done", "random_init": True, "steps": 0, "tokens": 0,
                "flops": 0.0, "wall_s": 0.0, "cpu_s": 0.0}
+# What a control row's fine-tunings record as the fingerprint of the pretraining they start
+# from (with `_upstream_sha`'s step: "random-init@0").
+RANDOM_INIT_SHA = "random-init"
 
 
 def _start_dir(cell: Cell, pre_dir: str) -> str:
@@ -524,7 +527,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
             return {"stopped_by": pre["stopped_by"]}
         start_from = initial_checkpoint(cell, pre_dir)
     else:
-        pre, pre_sha, start_from = dict(RANDOM_INIT), "random-init", None
+        pre, pre_sha, start_from = dict(RANDOM_INIT), RANDOM_INIT_SHA, None
     downstream = {}
     for task, _ in grid.scale.tasks:
         stage = finetune(grid, cell, seed, task, start_from,
@@ -562,7 +565,7 @@ def plan_cell(grid: Grid, cell: Cell, seed: int, out_dir: str) -> Dict[str, Opti
     'finetune/<task>' for each of the scale's tasks. Leaves gin bound to the last stage."""
     tasks = [f"finetune/{task}" for task, _ in grid.scale.tasks]
     plan: Dict[str, Optional[str]] = {}
-    pretrain_twin, pre_sha, start_from = None, "random-init", None
+    pretrain_twin, pre_sha, start_from = None, RANDOM_INIT_SHA, None
     if cell.pretrained:
         pre_dir = pretrain_dir(out_dir, grid, cell, seed)
         _, config_str, pre_sha = _pretrain_config(grid, cell, seed, pre_dir)
@@ -615,11 +618,19 @@ def stage_cpu_seconds(out_dir: str, grid: Grid) -> Dict[str, List[float]]:
             for d in glob.glob(os.path.join(seed_dir, "finetune", "*"))]
         for name, stage_dir in stages:
             stage = _read(os.path.join(stage_dir, "stage.json"))
-            if stage is None or "copied_from" in stage or stage.get("cpu_s") is None:
-                continue
-            found.setdefault(name, []).append(stage["cpu_s"] + sum(
-                stage[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early") if k in stage))
+            cpu = None if stage is None or "copied_from" in stage else stage_cpu_s(stage)
+            if cpu is not None:
+                found.setdefault(name, []).append(cpu)
     return found
+
+
+def stage_cpu_s(stage: Dict[str, Any]) -> Optional[float]:
+    """CPU seconds of a finished stage, its held-out scores included; None where the runner
+    did not record them."""
+    if stage.get("cpu_s") is None:
+        return None
+    return stage["cpu_s"] + sum(stage[k].get("cpu_s", 0.0) for k in ("heldout", "heldout_early")
+                                if k in stage)
 
 
 def shard(items: Sequence[Any], spec: Optional[str]) -> List[Any]:

@@ -180,8 +180,8 @@ def _resolve(path: str) -> str:
     for base in (CONFIG_DIR, CONFIG_DIR.parent):
         if (base / path).exists():
             return str(base / path)
-    shipped = [str(f.relative_to(CONFIG_DIR)) for f in CONFIG_DIR.rglob("*.gin")]
-    near = difflib.get_close_matches(path.removeprefix("configs/"), shipped, n=3, cutoff=0.6)
+    near = difflib.get_close_matches(path.removeprefix("configs/"), list(_shipped_configs()),
+                                     n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     raise FileNotFoundError(f"gin file {path!r} not found (looked in ., {CONFIG_DIR}){hint}")
 
@@ -207,9 +207,50 @@ def unbound_macro(error: BaseException) -> Optional[str]:
         return None
     name = found.group(1)
     binds = re.compile(rf"^{re.escape(name)}\s*=", re.MULTILINE)
-    files = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.gin")
-                   if binds.search(p.read_text(encoding="utf-8")))
+    files = sorted(rel for rel, path in _shipped_configs().items()
+                   if binds.search(path.read_text(encoding="utf-8")))
     hint = (f" (it is bound in {', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
             if files else "")
     return (f"the config uses %{name} but nothing binds it: add a --gin_file that does{hint} "
             f"or --gin {name}=...")
+
+
+def _shipped_configs() -> dict:
+    """{path relative to configs/: path} of every gin file t2t ships."""
+    return {str(p.relative_to(CONFIG_DIR)): p for p in CONFIG_DIR.rglob("*.gin")}
+
+
+def required_bindings(error: BaseException) -> Optional[str]:
+    """One line for gin's "Required bindings for `fn` not provided in config: [...]"; a
+    fine-tuning experiment's INITIAL_CHECKPOINT says which configs have one."""
+    found = re.search(r"Required bindings for `(\w+)` not provided in config: \[([^]]*)\]",
+                      str(error))
+    if not found:
+        return None
+    fn, names = found.group(1), found.group(2).replace("'", "")
+    if fn == "finetune_experiment" and "initial_checkpoint" in names:
+        return ("this is not a fine-tuning config (nothing binds INITIAL_CHECKPOINT): `t2t "
+                "finetune`, `eval` and `infer` take one, such as configs/experiments/"
+                "finetune_t5_from_files.gin, or add --gin.INITIAL_CHECKPOINT=<run or Hugging "
+                "Face dir>")
+    return (f"this config does not bind {fn}'s {names}: add --gin.{fn}.<name>=... for each, "
+            "or a --gin_file that binds them")
+
+
+# gin raises plain ValueErrors for unknown configurables/parameters and bad syntax.
+_GIN_VALUE_ERRORS = ("No configurable matching", "doesn't have a parameter", "In file",
+                     "Unknown reference", "Could not parse")
+
+
+def error_summary(error: BaseException) -> Optional[str]:
+    """One line for an error gin raised about the config: a misspelt name or bad syntax
+    (ValueError, with gin's file, line and hint), a required parameter left unbound
+    (RuntimeError), a %MACRO nothing binds (TypeError); None for any other error."""
+    if isinstance(error, ValueError):
+        text = str(error)
+        return " ".join(text.split()) if any(s in text for s in _GIN_VALUE_ERRORS) else None
+    if isinstance(error, RuntimeError):
+        return required_bindings(error)
+    if isinstance(error, TypeError):
+        return unbound_macro(error)
+    return None
