@@ -18,6 +18,10 @@ A grid file binds ``ablation.*``:
   runs a span-QA experiment instead of a classifier).
 * ``paper``: the published values, ``{cell label: [numbers]}`` with ``paper_columns``;
   cell labels join the option labels with " / ".
+* ``orderings``: ``{our column: paper column}``, the columns whose row orderings the report
+  compares (e.g. ``{'Average': 'GLUE'}``; a column this scale lacks is skipped), and
+  ``paper_sd``: ``{paper column: the paper's run-to-run standard deviation}`` where it
+  states one (T5's Table 1): two rows closer than twice it are a tie in the paper.
 """
 from __future__ import annotations
 
@@ -98,6 +102,8 @@ class Grid:
     accounting: Mapping[str, str]         # {"P": cell label, "M": cell label} (T5 Table 2)
     notes: str
     control: str = ""                     # the cell label the control row repeats
+    orderings: Mapping[str, str] = dataclasses.field(default_factory=dict)  # ours -> paper's
+    paper_sd: Mapping[str, float] = dataclasses.field(default_factory=dict)  # paper column
     source: str = ""                      # the grid's gin file, parsed again under each
     source_bindings: Tuple[str, ...] = ()  # stage so its macros (and overrides) resolve
 
@@ -197,7 +203,9 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
              paper_columns: Sequence[str] = (), paper_source: str = "",
              accounting: Optional[Mapping[str, str]] = None, notes: str = "",
              overrides: Optional[Mapping[str, Any]] = None,
-             control: Optional[str] = None, scale: str = "tiny") -> Grid:
+             control: Optional[str] = None, scale: str = "tiny",
+             orderings: Optional[Mapping[str, str]] = None,
+             paper_sd: Optional[Mapping[str, float]] = None) -> Grid:
     """The grid at `scale` (see the module docstring for the format). `overrides`:
     `{cell label: option}`, extra lines for single cells (after the axes' lines);
     `control`: the cell the random-initialisation row repeats without pretraining."""
@@ -229,9 +237,15 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
     for role, label in (accounting or {}).items():
         if label not in labels:
             raise ConfigError(f"accounting {role}: no cell {label!r}")
+    for what, named in (("orderings", set(dict(orderings or {}).values())),
+                        ("paper_sd", set(dict(paper_sd or {})))):
+        if named - set(paper_columns):
+            raise ConfigError(f"{what} names paper columns {sorted(named - set(paper_columns))}"
+                              f" that are not in paper_columns {list(paper_columns)}")
     return Grid(name, title, tuple(axes), cells, make_scale(scale, scales[scale]), paper,
                 tuple(paper_columns), paper_source, dict(accounting or {}), notes,
-                control or "")
+                control or "", orderings=dict(orderings or {}),
+                paper_sd={k: float(v) for k, v in dict(paper_sd or {}).items()})
 
 
 def control_cell(cells: Sequence[Cell], label: str, axes: Tuple[str, ...]) -> Cell:

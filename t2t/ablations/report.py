@@ -1,11 +1,15 @@
 """Renders a grid's finished cells: a markdown table in the paper's layout (our numbers,
-then the paper's published ones, labelled), a compute table, and a PNG plot.
+then the paper's published ones, labelled), the pretrained baseline's margin over the
+random-init control, which of the paper's row orderings hold here, a compute table, and a
+PNG plot.
 
 Our numbers are the mean over the seeds that finished, with ``±`` half their range (for 2
 seeds: half the difference), and ``n`` seeds where not every cell has the same count.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import os
 import re
@@ -110,6 +114,85 @@ def control_margins(grid: Grid, results: Results) -> List[str]:
                          f"{ctrl[0]:.2f} (n={ctrl[2]}) = **{margin:+.2f}**; pooled seed sd "
                          f"{spread[0]:.2f} over {spread[1]} rows; margin > 2 sd: **{verdict}**")
     return lines
+
+
+def lower_is_better(column: str) -> bool:
+    """Perplexity columns ('held-out ppl', the paper's 'LM (ppl)') rank the other way."""
+    return "ppl" in column
+
+
+def paper_orderings(grid: Grid, results: Results) -> List[str]:
+    """Per `ablation.orderings` pair (our column -> the paper's), every two rows that have
+    both a paper value and a result of ours, oriented as the paper orders them: does our
+    difference hold (more than twice the pooled seed sd in the paper's direction), reverse
+    (as much the other way) or sit within our seed noise? Pairs the paper itself cannot
+    separate (within twice its stated run-to-run sd) are counted apart. Markdown lines."""
+    ours = dict(columns(grid))
+    lines = []
+    for our_column, paper_column in grid.orderings.items():
+        if our_column in ours:
+            lines += _orderings(grid, results, our_column, ours[our_column], paper_column)
+    return lines
+
+
+def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: str):
+    j = grid.paper_columns.index(paper_column)
+    sign, our_sign = (-1 if lower_is_better(c) else 1 for c in (paper_column, our_column))
+    rows = [(cell.label, grid.paper[cell.label][j],
+             summarize([fn(r) for r in results.get(cell.key, [])]))
+            for cell in grid.cells if cell.label in grid.paper]
+    rows = [(label, paper, ours[0]) for label, paper, ours in rows if ours is not None]
+    spread = pooled_sd(grid, results, fn)
+    head = f"`{our_column}` against the paper's `{paper_column}`"
+    if len(rows) < 2 or spread is None:
+        return [f"{head}: not yet measured (needs two rows with paper values and results, "
+                "and a row with 2+ seeds)", ""]
+    tie = 2 * grid.paper_sd.get(paper_column, 0.0)
+    table, counts, concordance = [], collections.Counter(), 0
+    for a, b in itertools.combinations(rows, 2):
+        if sign * (a[1] - b[1]) < 0:
+            a, b = b, a                                   # a: the row the paper ranks higher
+        paper_gap, our_gap = sign * (a[1] - b[1]), our_sign * (a[2] - b[2])
+        if paper_gap > 0 and our_gap != 0:             # Kendall: concordant or discordant
+            concordance += 1 if our_gap > 0 else -1
+        if paper_gap <= tie:
+            verdict = "a tie in the paper"
+        elif abs(our_gap) > 2 * spread[0]:
+            verdict = "holds" if our_gap > 0 else "reversed"
+        else:
+            verdict = ("within noise, same direction" if our_gap > 0 else
+                       "within noise, other direction")
+        counts[verdict] += 1
+        table.append((paper_gap, f"| {a[0]} > {b[0]} | {paper_gap:+.2f} | {our_gap:+.2f} | "
+                                 f"{our_gap / spread[0]:+.1f} | "
+                                 + (f"**{verdict}**" if verdict == "reversed" else verdict)
+                                 + " |"))
+    pairs = len(table)
+    separated = pairs - counts["a tie in the paper"]
+    noise = counts["within noise, same direction"] + counts["within noise, other direction"]
+    paper_sd = grid.paper_sd.get(paper_column)
+    tie_text = (f"the paper separates {separated} (a gap above twice its run-to-run sd, "
+                f"{paper_sd:g}; {_are(pairs - separated)} a tie there)" if paper_sd is not None
+                else f"the paper orders {separated}")
+    better = {c: "lower is better" if lower_is_better(c) else "higher is better"
+              for c in (our_column, paper_column)}
+    direction = (better[our_column] if sign == our_sign else
+                 ", ".join(f"{c}: {b}" for c, b in better.items()))
+    summary = (f"{head} ({direction}), every two of the {len(rows)} rows with both: of "
+               f"{pairs} pairs {tie_text}; here **{counts['holds']} hold** by more than twice "
+               f"our pooled seed sd ({spread[0]:.2f} over {spread[1]} rows), "
+               f"**{_are(counts['reversed'])} reversed** by as much, and {_are(noise)} within "
+               f"our noise ({counts['within noise, same direction']} of them in the paper's "
+               f"direction). Kendall's τ between the two rankings: "
+               f"{concordance / pairs:+.2f}.")
+    return [summary, "", "<details><summary>The pairs, by the paper's gap</summary>", "",
+            "| paper's order | paper gap | our gap | our gap / sd | here |",
+            "|---|---|---|---|---|", *[row for _, row in sorted(table, key=lambda t: -t[0])],
+            "", "</details>", ""]
+
+
+def _are(n: int) -> str:
+    return f"{n} is" if n == 1 else f"{n} are"
 
 
 def unigram_line(grid: Grid, results: Results) -> str:
@@ -424,6 +507,9 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
     if margins:
         text += ["**Does pretraining matter here?** Against the same model fine-tuned from "
                  "random initialisation (the control row), per column:", "", *margins, ""]
+    orderings = paper_orderings(grid, results)
+    if orderings:
+        text += ["**Do the paper's orderings hold here?**", "", *orderings]
     if grid.paper_columns:
         text += [f"Columns `paper: …` are the published values ({grid.paper_source}), typed "
                  "from the paper; they are for other tasks and scales, so compare orderings, "

@@ -1,0 +1,61 @@
+"""report.paper_orderings: every two rows the paper orders, against ours, with the paper's
+own ties and our seed noise told apart."""
+import pytest
+
+from t2t.ablations import grid as grid_lib, report
+from t2t.errors import ConfigError
+
+SCALE = {"tiny": {"pretrain": [], "finetune": [], "tasks": {"t": "accuracy"},
+                  "averages": {"Average": ["t"]}}}
+
+
+def _grid(paper, columns=("GLUE",), **kw):
+    return grid_lib.ablation(name="g", title="t", axes={"A": {k: [] for k in paper}},
+                             scales=SCALE, paper=paper, paper_columns=list(columns), **kw)
+
+
+def _results(scores):
+    return {key: [{"seed": s, "pretrain": {}, "finetune": {"t": {"metrics": {"accuracy": v}}}}
+                  for s, v in enumerate(values)] for key, values in scores.items()}
+
+
+def test_pairs_hold_reverse_or_sit_in_the_noise_and_the_papers_ties_count_apart():
+    grid = _grid({"a": [84.0], "b": [82.0], "c": [80.0], "d": [79.9]},
+                 orderings={"Average": "GLUE"}, paper_sd={"GLUE": 0.235})
+    # every row has variance 4 (values m-2, m, m+2): pooled sd 2, so 'holds' needs a gap > 4
+    scores = _results({"a": [78, 80, 82], "b": [68, 70, 72], "c": [81, 83, 85],
+                       "d": [71, 73, 75]})
+    lines = report.paper_orderings(grid, scores)
+    summary, table = lines[0], "\n".join(lines)
+    # paper: a > b > c > d; d is within 2 x 0.235 of c (a tie there). Ours (means): a 80,
+    # b 70, c 83, d 73. a>b +10 holds; a>c -3 noise (other way); a>d +7 holds; b>c -13
+    # reversed; b>d -3 noise (other way); c>d +10 but a tie in the paper.
+    assert "of 6 pairs the paper separates 5" in summary and "1 is a tie there" in summary
+    assert "**2 hold**" in summary and "**1 is reversed**" in summary
+    assert "2 are within our noise (0 of them in the paper's direction)" in summary
+    assert "pooled seed sd (2.00 over 4 rows)" in summary
+    # Kendall: concordant a>b, a>d, c>d; discordant a>c, b>c, b>d -> (3 - 3) / 6
+    assert "Kendall's τ between the two rankings: +0.00" in summary
+    assert "| b > c | +2.00 | -13.00 | -6.5 | **reversed** |" in table
+    assert "| c > d | +0.10 | +10.00 | +5.0 | a tie in the paper |" in table
+    assert table.index("| a > d |") < table.index("| a > b |")      # by the paper's gap
+
+
+def test_each_column_ranks_its_own_way_and_a_scale_without_the_column_is_skipped():
+    grid = _grid({"small": [6.0], "big": [4.0]}, columns=("LM (ppl)",),
+                 orderings={"Average": "LM (ppl)"})
+    lines = report.paper_orderings(grid, _results({"small": [70, 72], "big": [80, 82]}))
+    assert "(Average: higher is better, LM (ppl): lower is better)" in lines[0]
+    assert "| big > small | +2.00 | +10.00 | +7.1 | holds |" in "\n".join(lines)
+    assert report.paper_orderings(_grid({"a": [1.0], "b": [2.0]},
+                                        orderings={"GLUE": "GLUE"}), {}) == []
+    unmeasured = report.paper_orderings(_grid({"a": [1.0], "b": [2.0]},
+                                              orderings={"Average": "GLUE"}), {})
+    assert "not yet measured" in unmeasured[0]
+
+
+def test_orderings_must_name_paper_columns():
+    with pytest.raises(ConfigError, match=r"orderings names paper columns \['SQuAD'\]"):
+        _grid({"a": [1.0]}, orderings={"Average": "SQuAD"})
+    with pytest.raises(ConfigError, match=r"paper_sd names paper columns \['EnDe'\]"):
+        _grid({"a": [1.0]}, paper_sd={"EnDe": 0.1})
