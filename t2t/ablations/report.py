@@ -135,13 +135,20 @@ def paper_orderings(grid: Grid, results: Results) -> List[str]:
     return lines
 
 
-def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: str):
+def paired_rows(grid: Grid, results: Results, fn, paper_column: str):
+    """[(row number from 1, label, paper value, our (mean, half range, n))] for the rows
+    with both a paper value and a result of ours in the column `fn` computes."""
     j = grid.paper_columns.index(paper_column)
-    sign, our_sign = (-1 if lower_is_better(c) else 1 for c in (paper_column, our_column))
-    rows = [(cell.label, grid.paper[cell.label][j],
+    rows = [(i, cell.label, grid.paper[cell.label][j],
              summarize([fn(r) for r in results.get(cell.key, [])]))
-            for cell in grid.cells if cell.label in grid.paper]
-    rows = [(label, paper, ours[0]) for label, paper, ours in rows if ours is not None]
+            for i, cell in enumerate(grid.cells, 1) if cell.label in grid.paper]
+    return [row for row in rows if row[3] is not None]
+
+
+def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: str):
+    sign, our_sign = (-1 if lower_is_better(c) else 1 for c in (paper_column, our_column))
+    rows = [(label, paper, ours[0])
+            for _, label, paper, ours in paired_rows(grid, results, fn, paper_column)]
     spread = pooled_sd(grid, results, fn)
     head = f"`{our_column}` against the paper's `{paper_column}`"
     if len(rows) < 2 or spread is None:
@@ -440,17 +447,19 @@ def check_plotting() -> None:
 
 def plot(grid: Grid, results: Results, path: str) -> str:
     """Bars per cell for each measured column (whiskers: the seeds' range; a dashed line at
-    the random-init control's mean), and the paper's first column for comparison of the
-    ordering; saved as PNG."""
+    the random-init control's mean), the paper's first column, and (with
+    `ablation.orderings`) our column against the paper's, a point per row; saved as PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     panels = [(h, fn, None) for h, fn in columns(grid)]
     if grid.paper_columns:
         panels.append((f"paper: {grid.paper_columns[0]}", None, 0))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 4.2),
-                             squeeze=False)
-    labels = [c.label for c in grid.cells]
+    ours = dict(columns(grid))
+    scatter = next(((o, p) for o, p in grid.orderings.items() if o in ours), None)
+    width = len(panels) + (scatter is not None)
+    fig, axes = plt.subplots(1, width, figsize=(3.2 * width + 1, 4.2), squeeze=False)
+    labels = [f"{i}. {c.label}" if scatter else c.label for i, c in enumerate(grid.cells, 1)]
     for ax, (title, fn, paper_index) in zip(axes[0], panels):
         means, errs = [], []
         for cell in grid.cells:
@@ -475,12 +484,37 @@ def plot(grid: Grid, results: Results, path: str) -> str:
             lo, hi = min(finite), max(finite)
             pad = (hi - lo) * 0.3 or abs(hi) * 0.05 or 1.0
             ax.set_ylim(max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad)
+    if scatter:
+        _plot_against_paper(axes[0][-1], grid, results, scatter[0], ours[scatter[0]],
+                            scatter[1])
     fig.suptitle(f"{grid.title} (scale: {grid.scale.name})", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_against_paper(ax, grid: Grid, results: Results, our_column: str, fn,
+                        paper_column: str) -> None:
+    """Our column against the paper's, a numbered point per row (whiskers: the seeds'
+    range), the control's mean dashed: rows in the paper's order climb to the right."""
+    rows = paired_rows(grid, results, fn, paper_column)
+    for number, _, paper, (mean, half, _) in rows:
+        ax.errorbar(paper, mean, yerr=half, fmt="o", color="tab:blue", capsize=3)
+        ax.annotate(str(number), (paper, mean), textcoords="offset points", xytext=(4, 3),
+                    fontsize=7)
+    control = next((c for c in grid.cells if not c.pretrained), None)
+    base = control and summarize([fn(r) for r in results.get(control.key, [])])
+    if base:
+        ax.axhline(base[0], color="tab:red", linestyle="--", linewidth=1)
+    if lower_is_better(paper_column):
+        ax.invert_xaxis()
+    if lower_is_better(our_column):
+        ax.invert_yaxis()
+    ax.set_xlabel(f"paper: {paper_column}", fontsize=8)
+    ax.set_ylabel(our_column, fontsize=8)
+    ax.set_title(f"ours against the paper ({len(rows)} rows)", fontsize=9)
 
 
 def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[str, str]:

@@ -59,3 +59,18 @@ def test_orderings_must_name_paper_columns():
         _grid({"a": [1.0]}, orderings={"Average": "SQuAD"})
     with pytest.raises(ConfigError, match=r"paper_sd names paper columns \['EnDe'\]"):
         _grid({"a": [1.0]}, paper_sd={"EnDe": 0.1})
+
+
+def test_the_plot_adds_our_column_against_the_papers(tmp_path, monkeypatch):
+    import matplotlib.figure
+    grid = _grid({"a": [84.0], "b": [82.0], "c": [80.0]}, orderings={"Average": "GLUE"})
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, **kw: drawn.append(fig))
+    report.plot(grid, _results({"a": [80, 82], "b": [70, 72], "c": [75]}), str(tmp_path / "p"))
+    (fig,) = drawn
+    bars, paper, against = fig.axes[0], fig.axes[-2], fig.axes[-1]
+    assert paper.get_title() == "paper: GLUE"
+    assert against.get_title() == "ours against the paper (3 rows)"
+    assert [t.get_text() for t in against.texts] == ["1", "2", "3"]   # numbered as the bars
+    assert bars.get_xticklabels()[1].get_text() == "2. b"
