@@ -162,13 +162,7 @@ def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: 
         paper_gap, our_gap = sign * (a[1] - b[1]), our_sign * (a[2] - b[2])
         if paper_gap > 0 and our_gap != 0:             # Kendall: concordant or discordant
             concordance += 1 if our_gap > 0 else -1
-        if paper_gap <= tie:
-            verdict = "a tie in the paper"
-        elif abs(our_gap) > 2 * spread[0]:
-            verdict = "holds" if our_gap > 0 else "reversed"
-        else:
-            verdict = ("within noise, same direction" if our_gap > 0 else
-                       "within noise, other direction")
+        verdict = _verdict(paper_gap, our_gap, tie, spread[0])
         counts[verdict] += 1
         table.append((paper_gap, f"| {a[0]} > {b[0]} | {paper_gap:+.2f} | {our_gap:+.2f} | "
                                  f"{our_gap / spread[0]:+.1f} | "
@@ -196,6 +190,15 @@ def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: 
             "| paper's order | paper gap | our gap | our gap / sd | here |",
             "|---|---|---|---|---|", *[row for _, row in sorted(table, key=lambda t: -t[0])],
             "", "</details>", ""]
+
+
+def _verdict(paper_gap: float, our_gap: float, tie: float, sd: float) -> str:
+    """One pair, oriented so that the paper ranks its first row higher (`paper_gap` >= 0)."""
+    if paper_gap <= tie:
+        return "a tie in the paper"
+    if abs(our_gap) > 2 * sd:
+        return "holds" if our_gap > 0 else "reversed"
+    return "within noise, same direction" if our_gap > 0 else "within noise, other direction"
 
 
 def _are(n: int) -> str:
