@@ -22,6 +22,8 @@ A grid file binds ``ablation.*``:
   compares (e.g. ``{'Average': 'GLUE'}``; a column this scale lacks is skipped), and
   ``paper_sd``: ``{paper column: the paper's run-to-run standard deviation}`` where it
   states one (T5's Table 1): two rows closer than twice it are a tie in the paper.
+  ``paper_control``: the paper's values for the control row, where it trained one (T5's
+  Table 1, "No pre-training": the baseline fine-tuned from scratch for as many steps).
 """
 from __future__ import annotations
 
@@ -205,7 +207,8 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
              overrides: Optional[Mapping[str, Any]] = None,
              control: Optional[str] = None, scale: str = "tiny",
              orderings: Optional[Mapping[str, str]] = None,
-             paper_sd: Optional[Mapping[str, float]] = None) -> Grid:
+             paper_sd: Optional[Mapping[str, float]] = None,
+             paper_control: Optional[Sequence[float]] = None) -> Grid:
     """The grid at `scale` (see the module docstring for the format). `overrides`:
     `{cell label: option}`, extra lines for single cells (after the axes' lines);
     `control`: the cell the random-initialisation row repeats without pretraining."""
@@ -225,6 +228,11 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
     if control is not None:
         cells += (control_cell(cells, control, tuple(axes)),)
     paper = dict(paper or {})
+    if paper_control is not None:            # the paper's own row without pretraining
+        if control is None:
+            raise ConfigError("paper_control gives the paper's values for the control row; "
+                              "set ablation.control (the cell it repeats) too")
+        paper[CONTROL_LABEL] = list(paper_control)
     labels = {c.label for c in cells}
     stray = set(paper) - labels
     if stray:

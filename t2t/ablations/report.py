@@ -16,7 +16,7 @@ import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from t2t.ablations.grid import Grid
+from t2t.ablations.grid import CONTROL_LABEL, Grid
 from t2t.ablations.runner import FINISHED, stage_cpu_s
 from t2t.errors import UserError
 
@@ -550,7 +550,9 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
     if grid.paper_columns:
         text += [f"Columns `paper: …` are the published values ({grid.paper_source}), typed "
                  "from the paper; they are for other tasks and scales, so compare orderings, "
-                 "not numbers.", ""]
+                 "not numbers."
+                 + (" The control row's are the paper's own model trained without "
+                    "pretraining." if CONTROL_LABEL in grid.paper else ""), ""]
     if grid.accounting:
         text += ["Params: non-embedding parameters relative to the "
                  f"`{grid.accounting.get('P')}` cell (the paper's P); Cost: forward layer "

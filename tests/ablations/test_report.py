@@ -54,6 +54,17 @@ def test_each_column_ranks_its_own_way_and_a_scale_without_the_column_is_skipped
     assert "not yet measured" in unmeasured[0]
 
 
+def test_the_papers_control_row_joins_the_orderings():
+    grid = _grid({"a": [84.0], "b": [82.0]}, orderings={"Average": "GLUE"}, control="a",
+                 paper_control=[66.0])
+    assert grid.paper[grid_lib.CONTROL_LABEL] == [66.0]
+    table = "\n".join(report.paper_orderings(grid, _results(
+        {"a": [80, 82], "b": [70, 72], "random_init": [85, 87]})))
+    assert "| a > Random init (control) | +18.00 | -5.00 | -3.5 | **reversed** |" in table
+    with pytest.raises(ConfigError, match="set ablation.control"):
+        _grid({"a": [1.0]}, paper_control=[66.0])
+
+
 def test_orderings_must_name_paper_columns():
     with pytest.raises(ConfigError, match=r"orderings names paper columns \['SQuAD'\]"):
         _grid({"a": [1.0]}, orderings={"Average": "SQuAD"})
