@@ -56,10 +56,13 @@ def _check_sharding(nb):
 
 
 def _check_ablation_results(nb):
-    rendered = sorted((ROOT / "docs" / "ablations").glob("*_tiny.png"))
-    assert len(rendered) >= 8 and len(_outputs(nb, "image/png")) == len(rendered)  # one each
+    tiny = sorted((ROOT / "docs" / "ablations").glob("*_tiny.png"))
+    micro = sorted((ROOT / "docs" / "ablations").glob("*_micro.png"))
+    assert len(tiny) >= 8 and micro
+    assert len(_outputs(nb, "image/png")) == len(tiny) + len(micro)     # one each
     tables = "\n".join(_outputs(nb, "text/markdown"))
     assert "T5 Table 2" in tables and "BERT Table 6" in tables
+    assert "scale `micro`" in tables and "Do the paper's orderings hold here?" in tables
 
 
 CHECKS = {"quickstart": _check_quickstart, "pretrain_t5": _check_pretrain_t5,
