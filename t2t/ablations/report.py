@@ -155,41 +155,47 @@ def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: 
         return [f"{head}: not yet measured (needs two rows with paper values and results, "
                 "and a row with 2+ seeds)", ""]
     tie = 2 * grid.paper_sd.get(paper_column, 0.0)
-    table, counts, concordance = [], collections.Counter(), 0
+    pairs = []                                   # (paper gap, our gap, verdict, a, b)
     for a, b in itertools.combinations(rows, 2):
         if sign * (a[1] - b[1]) < 0:
             a, b = b, a                                   # a: the row the paper ranks higher
         paper_gap, our_gap = sign * (a[1] - b[1]), our_sign * (a[2] - b[2])
-        if paper_gap > 0 and our_gap != 0:             # Kendall: concordant or discordant
-            concordance += 1 if our_gap > 0 else -1
-        verdict = _verdict(paper_gap, our_gap, tie, spread[0])
-        counts[verdict] += 1
-        table.append((paper_gap, f"| {a[0]} > {b[0]} | {paper_gap:+.2f} | {our_gap:+.2f} | "
-                                 f"{our_gap / spread[0]:+.1f} | "
-                                 + (f"**{verdict}**" if verdict == "reversed" else verdict)
-                                 + " |"))
-    pairs = len(table)
-    separated = pairs - counts["a tie in the paper"]
-    noise = counts["within noise, same direction"] + counts["within noise, other direction"]
-    paper_sd = grid.paper_sd.get(paper_column)
-    tie_text = (f"the paper separates {separated} (a gap above twice its run-to-run sd, "
-                f"{paper_sd:g}; {_are(pairs - separated)} a tie there)" if paper_sd is not None
-                else f"the paper orders {separated}")
+        pairs.append((paper_gap, our_gap, _verdict(paper_gap, our_gap, tie, spread[0]),
+                      a[0], b[0]))
     better = {c: "lower is better" if lower_is_better(c) else "higher is better"
               for c in (our_column, paper_column)}
     direction = (better[our_column] if sign == our_sign else
                  ", ".join(f"{c}: {b}" for c, b in better.items()))
-    summary = (f"{head} ({direction}), every two of the {len(rows)} rows with both: of "
-               f"{pairs} pairs {tie_text}; here **{counts['holds']} hold** by more than twice "
-               f"our pooled seed sd ({spread[0]:.2f} over {spread[1]} rows), "
-               f"**{_are(counts['reversed'])} reversed** by as much, and {_are(noise)} within "
-               f"our noise ({counts['within noise, same direction']} of them in the paper's "
-               f"direction). Kendall's τ between the two rankings: "
-               f"{concordance / pairs:+.2f}.")
+    summary = (f"{head} ({direction}), every two of the {len(rows)} rows with both: "
+               + _pairs_summary(pairs, grid.paper_sd.get(paper_column))
+               + f" (our pooled seed sd: {spread[0]:.2f} over {spread[1]} rows).")
+    pretrained = [p for p in pairs if CONTROL_LABEL not in p[3:]]
+    if len(pretrained) < len(pairs) and pretrained:
+        summary += (" Among the pretrained rows alone (the control left out): "
+                    + _pairs_summary(pretrained, grid.paper_sd.get(paper_column)) + ".")
+    table = [f"| {a} > {b} | {paper_gap:+.2f} | {our_gap:+.2f} | {our_gap / spread[0]:+.1f} | "
+             + (f"**{verdict}**" if verdict == "reversed" else verdict) + " |"
+             for paper_gap, our_gap, verdict, a, b in sorted(pairs, key=lambda p: -p[0])]
     return [summary, "", "<details><summary>The pairs, by the paper's gap</summary>", "",
             "| paper's order | paper gap | our gap | our gap / sd | here |",
-            "|---|---|---|---|---|", *[row for _, row in sorted(table, key=lambda t: -t[0])],
-            "", "</details>", ""]
+            "|---|---|---|---|---|", *table, "", "</details>", ""]
+
+
+def _pairs_summary(pairs, paper_sd: Optional[float]) -> str:
+    """'of N pairs the paper separates …; here H hold …, R are reversed …, and W are within
+    our noise …; Kendall's τ …' for [(paper gap, our gap, verdict, …)]."""
+    counts = collections.Counter(p[2] for p in pairs)
+    separated = len(pairs) - counts["a tie in the paper"]
+    same, other = counts["within noise, same direction"], counts["within noise, other direction"]
+    tie_text = (f"the paper separates {separated} (a gap above twice its run-to-run sd, "
+                f"{paper_sd:g}; {_are(len(pairs) - separated)} a tie there)"
+                if paper_sd is not None else f"the paper orders {separated}")
+    concordance = sum((1 if our > 0 else -1) for paper, our, *_ in pairs if paper > 0 and our)
+    noun = "pair" if len(pairs) == 1 else "pairs"
+    return (f"of {len(pairs)} {noun} {tie_text}; here **{counts['holds']} hold** by more than "
+            f"twice our pooled seed sd, **{_are(counts['reversed'])} reversed** by as much, "
+            f"and {_are(same + other)} within our noise ({same} of them in the paper's "
+            f"direction); Kendall's τ between the two rankings {concordance / len(pairs):+.2f}")
 
 
 def _verdict(paper_gap: float, our_gap: float, tie: float, sd: float) -> str:

@@ -33,9 +33,10 @@ def test_pairs_hold_reverse_or_sit_in_the_noise_and_the_papers_ties_count_apart(
     assert "of 6 pairs the paper separates 5" in summary and "1 is a tie there" in summary
     assert "**2 hold**" in summary and "**1 is reversed**" in summary
     assert "2 are within our noise (0 of them in the paper's direction)" in summary
-    assert "pooled seed sd (2.00 over 4 rows)" in summary
+    assert "(our pooled seed sd: 2.00 over 4 rows)" in summary
     # Kendall: concordant a>b, a>d, c>d; discordant a>c, b>c, b>d -> (3 - 3) / 6
-    assert "Kendall's τ between the two rankings: +0.00" in summary
+    assert "Kendall's τ between the two rankings +0.00" in summary
+    assert "Among the pretrained rows" not in summary                # no control here
     assert "| b > c | +2.00 | -13.00 | -6.5 | **reversed** |" in table
     assert "| c > d | +0.10 | +10.00 | +5.0 | a tie in the paper |" in table
     assert table.index("| a > d |") < table.index("| a > b |")      # by the paper's gap
@@ -61,6 +62,11 @@ def test_the_papers_control_row_joins_the_orderings():
     table = "\n".join(report.paper_orderings(grid, _results(
         {"a": [80, 82], "b": [70, 72], "random_init": [85, 87]})))
     assert "| a > Random init (control) | +18.00 | -5.00 | -3.5 | **reversed** |" in table
+    # all three pairs: a > b holds, both against the control reversed; a and b alone: holds
+    assert "**1 hold**" in table and "**2 are reversed**" in table
+    alone = table.split("Among the pretrained rows alone (the control left out): ")[1]
+    assert alone.startswith("of 1 pair the paper orders 1; here **1 hold**")
+    assert "τ between the two rankings +1.00." in alone
     with pytest.raises(ConfigError, match="set ablation.control"):
         _grid({"a": [1.0]}, paper_control=[66.0])
 
