@@ -86,12 +86,17 @@ def pooled_sd(grid: Grid, results: Results, fn) -> Optional[Tuple[float, int]]:
     return (math.sqrt(statistics.fmean(variances)), len(variances)) if variances else None
 
 
+def random_init_row(grid: Grid):
+    """The cell fine-tuned from random initialisation (the control row), or None."""
+    return next((c for c in grid.cells if not c.pretrained), None)
+
+
 def control_margins(grid: Grid, results: Results) -> List[str]:
     """Per measured column, the `control` cell (or, without one, every pretrained cell)
     against the row fine-tuned from random initialisation: the margin, the pooled seed
     spread, and whether the margin exceeds twice it (the `micro` scale's acceptance test:
     pretraining must matter more than the seed does)."""
-    control = next((c for c in grid.cells if not c.pretrained), None)
+    control = random_init_row(grid)
     if control is None:
         return []
     compared = [c for c in grid.cells if c.pretrained
@@ -461,10 +466,11 @@ def plot(grid: Grid, results: Results, path: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [(h, fn, None) for h, fn in columns(grid)]
+    cols = columns(grid)
+    ours = dict(cols)
+    panels = [(h, fn, None) for h, fn in cols]
     if grid.paper_columns:
         panels.append((f"paper: {grid.paper_columns[0]}", None, 0))
-    ours = dict(columns(grid))
     scatter = next(((o, p) for o, p in grid.orderings.items() if o in ours), None)
     width = len(panels) + (scatter is not None)
     fig, axes = plt.subplots(1, width, figsize=(3.2 * width + 1, 4.2), squeeze=False)
@@ -513,7 +519,7 @@ def _plot_against_paper(ax, grid: Grid, results: Results, our_column: str, fn,
         ax.errorbar(paper, mean, yerr=half, fmt="o", color="tab:blue", capsize=3)
         ax.annotate(str(number), (paper, mean), textcoords="offset points", xytext=(4, 3),
                     fontsize=7)
-    control = next((c for c in grid.cells if not c.pretrained), None)
+    control = random_init_row(grid)
     base = control and summarize([fn(r) for r in results.get(control.key, [])])
     if base:
         ax.axhline(base[0], color="tab:red", linestyle="--", linewidth=1)
