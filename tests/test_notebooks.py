@@ -7,6 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tests.tiers import sweep
+
 ROOT = Path(__file__).resolve().parent.parent
 DIR = ROOT / "notebooks"
 _spec = importlib.util.spec_from_file_location("notebooks_execute", DIR / "execute.py")
@@ -88,7 +90,7 @@ def test_committed_notebook_is_in_sync_with_its_source(name):
         "committed notebook has cells that never ran")
 
 
-@pytest.mark.parametrize("name", execute.NOTEBOOKS)
+@pytest.mark.parametrize("name", sweep(execute.NOTEBOOKS, ci={"quickstart"}))
 def test_notebook_runs_at_ci_settings(name, tmp_path):
     nb = execute.execute(name, ci=True, cwd=tmp_path, timeout=300)
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]

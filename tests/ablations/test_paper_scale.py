@@ -8,6 +8,8 @@ import pytest
 from t2t.ablations import grid as grid_lib, runner
 from t2t.data.catalog.bible import bible_sentencepiece
 
+from tests.tiers import sweep
+
 SHAPE = ["TransformerConfig.d_model = 32", "TransformerConfig.d_ff = 64",
          "TransformerConfig.num_heads = 2", "TransformerConfig.head_dim = 16",
          "NUM_LAYERS = 2", "HALF_LAYERS = 1",
@@ -36,8 +38,7 @@ def _t5_grid(path="configs/ablations/t5_table2.gin", scale="paper"):
     return grid_lib.load_grid(path, scale, T5_TEST + [f"T5_VOCABULARY = {vocab!r}"])
 
 
-@pytest.mark.parametrize("path,key", [
-    pytest.param(g, k, marks=() if (g, k) in CI_CELLS else pytest.mark.slow) for g, k in T5_CELLS])
+@pytest.mark.parametrize("path,key", sweep(T5_CELLS, ci=CI_CELLS))
 def test_t5_paper_cell_pretrains_on_mock_c4(path, key, tmp_path):
     grid = _t5_grid(path)
     (cell,) = [c for c in grid.cells if c.key == key]
@@ -66,7 +67,7 @@ BERT_TEST = SHAPE[4:] + ["PAPER_LAYERS = 2", "PAPER_HIDDEN = 32", "PAPER_HEADS =
 BERT_GRIDS = ("configs/ablations/bert_table5.gin", "configs/ablations/bert_table6.gin")
 BERT_CELLS = [(g, c.key) for g in BERT_GRIDS
               for c in grid_lib.load_grid(g, "paper", ["BERT_VOCABULARY = 'unused'"]).cells]
-BERT_CI = {"l1_h128_a4"}   # + ltr_bilstm in the fine-tuning test
+BERT_CI = [(g, k) for g, k in BERT_CELLS if k == "l1_h128_a4"]  # + ltr_bilstm in the fine-tuning test
 
 
 def _bert_grid(path, scale="paper"):
@@ -75,8 +76,7 @@ def _bert_grid(path, scale="paper"):
     return grid_lib.load_grid(path, scale, BERT_TEST + [f"BERT_VOCABULARY = {vocab!r}"])
 
 
-@pytest.mark.parametrize("path,key", [
-    pytest.param(g, k, marks=() if k in BERT_CI else pytest.mark.slow) for g, k in BERT_CELLS])
+@pytest.mark.parametrize("path,key", sweep(BERT_CELLS, ci=BERT_CI))
 def test_bert_paper_cell_pretrains_on_mock_wikipedia(path, key, tmp_path, monkeypatch):
     from t2t.data.catalog import paper
     monkeypatch.setattr(paper, "WIKIPEDIA_HELDOUT", 0.25)   # 16 mock articles: hold out ~4

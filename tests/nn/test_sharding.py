@@ -10,6 +10,7 @@ from t2t.nn import Decoder, EncoderDecoder
 from t2t.train import partitioning
 
 from tests.nn.helpers import BERT_TINY, GPT_TINY, T5_TINY, max_diff, tokens
+from tests.tiers import sweep
 
 WIDE = dict(num_heads=8, head_dim=4, d_ff=64, vocab_size=64)  # divisible by 8 devices
 BATCH = 8
@@ -35,7 +36,7 @@ def loss_and_grads(module, inputs, reduce, params):
     return jax.value_and_grad(loss)(params)
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
+@pytest.mark.parametrize("family", sweep(sorted(CASES), ci={"gpt", "t5_scan"}))
 def test_sharded_forward_backward_matches_unsharded(family):
     module, make_inputs, reduce = CASES[family]
     inputs = make_inputs()

@@ -17,6 +17,9 @@ from t2t.nn import attention_kernels
 from t2t.train import chips, flops, partitioning
 
 from t2t.run import aot
+
+from tests.tiers import sweep
+
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu not installed (pip install -e '.[test]')")
 HARDWARE = sorted(p.stem for p in (Path(cli.__file__).parent.parent / "configs" / "hardware")
@@ -237,8 +240,7 @@ SPLASH = {   # family: lengths of 128-token blocks, no attention dropout
 
 
 @needs_libtpu
-@pytest.mark.parametrize("family", [
-    "gpt", pytest.param("bert", marks=pytest.mark.slow), pytest.param("t5", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", sweep(["gpt", "bert", "t5"], ci={"gpt"}))
 def test_the_splash_kernel_compiles_for_v5e(family, caplog):
     """attention_kernel='auto' on a TPU slice: the Pallas splash kernel (a Mosaic custom
     call in the compiled step); T5's self-attention keeps XLA for its relative bias."""

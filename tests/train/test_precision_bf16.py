@@ -18,6 +18,7 @@ from t2t.train.trainer import TrainConfig, Trainer
 
 from tests.nn.helpers import BERT_TINY, GPT_TINY, T5_TINY
 from tests.train.fakes import RandomCopyData
+from tests.tiers import sweep
 
 VOCAB = 64
 MASK_ID = 3
@@ -98,7 +99,7 @@ def train(family: str, dtype: str, batches: list, tmp_path):
     return np.asarray(jax.device_get(losses)), state
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt", "t5"])
+@pytest.mark.parametrize("family", sweep(["bert", "gpt", "t5"], ci={"gpt"}))
 def test_bf16_tracks_float32_for_200_steps(family, tmp_path):
     """Compiling the two steps is the cost (a tiny step runs in about 2 ms)."""
     make = FAMILIES[family][1]
