@@ -90,6 +90,7 @@ def test_bert_paper_cell_pretrains_on_mock_wikipedia(path, key, tmp_path, monkey
         assert stage["heldout"]["mlm_loss"] > 0
 
 
+@pytest.mark.slow    # ~13 s; the paper-scale fine-tuning in CI: T5 on mock GLUE
 def test_bert_paper_bilstm_fine_tuning_runs_on_mock_mrpc(tmp_path):
     grid = _bert_grid("configs/ablations/bert_table5.gin")
     cell = grid.select(["ltr_bilstm"])[0]
@@ -100,6 +101,7 @@ def test_bert_paper_bilstm_fine_tuning_runs_on_mock_mrpc(tmp_path):
     assert stage["steps"] >= 2 and 0.0 <= stage["metrics"]["accuracy"] <= 100.0  # 3 epochs
 
 
+@pytest.mark.slow    # ~17 s; CI runs a paper-scale T5 cell
 def test_small_scale_is_the_paper_recipe_shortened_on_one_gpu_host(tmp_path):
     """`small` keeps the paper's model, data, objective and lengths; only the steps, the
     hardware and the downstream set differ. A T5 cell pretrains and fine-tunes on mock data."""
@@ -117,6 +119,7 @@ def test_small_scale_is_the_paper_recipe_shortened_on_one_gpu_host(tmp_path):
     assert 0.0 <= tuned["metrics"]["accuracy"] <= 100.0
 
 
+@pytest.mark.slow    # ~12 s; CI runs Table 6's paper-scale cell with its held-out loss
 def test_bert_small_scale_pretrains_with_heldout_perplexity(tmp_path, monkeypatch):
     from t2t.data.catalog import paper
     monkeypatch.setattr(paper, "WIKIPEDIA_HELDOUT", 0.25)

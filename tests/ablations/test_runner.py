@@ -388,6 +388,7 @@ def test_a_preempted_stage_stops_the_grid_with_exit_75(tmp_path, monkeypatch):
     assert code == 75 and len(calls) == 1 and not (tmp_path / "docs").exists()
 
 
+@pytest.mark.slow    # ~26 s; the held-out scorer: test_heldout_scorer_is_two_evaluations_in_one_forward_pass
 def test_the_early_held_out_score_splits_pretraining_without_changing_it(ran, tmp_path,
                                                                          monkeypatch):
     """`heldout_early`: the stage trains to that step, scores the held-out task, resumes to

@@ -29,6 +29,7 @@ def _part_a(grid):
     return grid.cells[:end]
 
 
+@pytest.mark.slow    # ~23 s; each row's module has its test in tests/nn, each cell's run in test_grid
 def test_every_part_a_cell_builds_its_model_at_the_tiny_scale():
     grid = grid_lib.load_grid(GRID, "tiny")
     built = {c.label: _cell_params(grid, c) for c in _part_a(grid)}
@@ -77,6 +78,7 @@ def test_equal_parameter_rows_have_the_papers_count_at_the_paper_scale():
         assert count / 1e6 == pytest.approx(params[cell.label], rel=0.01), cell.label
 
 
+@pytest.mark.slow    # ~8 s; Switch layers train in tests/nn/test_moe.py
 def test_the_small_scales_switch_row_pretrains_on_mock_c4(tmp_path):
     """`small` (the paper's model and recipe, C4 span corruption) builds, compiles and runs
     two steps at a test-sized shape on mock C4: the Switch row, its experts over a 4-way

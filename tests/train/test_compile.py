@@ -149,6 +149,7 @@ def _leaf(tree, *path):
     return tree
 
 
+@pytest.mark.slow    # ~20 s; CI compiles T5 for v5e-256 through the CLI
 @needs_libtpu
 def test_bert_compiles_for_v4_8_and_shards_as_the_rules_say(capsys):
     report = _compile("bert", "tpu_v4_8", "--gin.BATCH_SIZE=8")
@@ -183,6 +184,7 @@ def test_t5_compiles_for_v5e_256_through_the_command_line(capsys, tmp_path):
     assert 1.0 < numbers["xla_flops_per_chip"] / numbers["model_flops_per_chip"] < 1.6
 
 
+@pytest.mark.slow    # ~19 s; CI compiles T5 for v5e-256 through the CLI
 @needs_libtpu
 def test_gpt_compiles_for_two_v5e_256_slices(capsys):
     report = _compile("gpt", "tpu_v5e_256x2")

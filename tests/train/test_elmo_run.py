@@ -3,10 +3,12 @@ biLM a few steps and fits the scalar-mix classifier on its frozen layers."""
 import json
 
 import numpy as np
+import pytest
 
 from t2t.cli import main
 
 
+@pytest.mark.slow    # ~13 s; the biLM and the scalar mix: tests/models/test_elmo.py
 def test_elmo_experiment_trains_the_bilm_then_the_mix(tmp_path, capsys):
     model_dir = tmp_path / "elmo"
     code = main(["train", "--gin_file=experiments/elmo_tiny_bible.gin",

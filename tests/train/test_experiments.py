@@ -23,9 +23,9 @@ EXPERIMENTS = [
 ]
 
 
-# BERT's experiment trains in CI through fine-tuning and your-own-data tests
+# GPT's in CI; T5's runs from the command line in the resume and multi-host tests
 @pytest.mark.parametrize("name,family,lengths",
-                         sweep(EXPERIMENTS, ci=[e for e in EXPERIMENTS if e[1] != "bert"]))
+                         sweep(EXPERIMENTS, ci=[e for e in EXPERIMENTS if e[1] == "gpt"]))
 def test_experiment_runs_and_writes_operative_config(tmp_path, name, family, lengths):
     gin_utils.parse([f"experiments/{name}.gin", TEST_MODEL[family]], [
         f"MODEL_DIR = '{tmp_path}'", "TRAIN_STEPS = 3", "BATCH_SIZE = 8",
