@@ -65,7 +65,7 @@ def test_loss_is_the_negative_log_likelihood_of_the_output_layer(layer, referenc
     np.testing.assert_allclose(float(loss), -(token_lp * w).sum() / w.sum(), rtol=1e-5)
     assert abs(float(metrics["z_loss"])) < 1e-8                    # log Z = 0: normalised
     np.testing.assert_allclose(model.score(params, batch), (token_lp * w).sum(-1), rtol=1e-5)
-    grads = jax.grad(lambda p: model.loss_fn(p, batch)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch)[0]))(params)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))
 
 

@@ -36,13 +36,14 @@ def decode_encoder_decoder_stepwise(model, params, enc, dec, enc_seg=None):
     """Encode once, then feed `dec` [b, l] one token at a time through the KV cache (sized
     from zeroed inputs and another key: only its shapes may matter) -> logits [b, l, vocab]."""
     encoded = model.apply({"params": params}, enc, enc_seg, method=EncoderDecoder.encode)
-    cache = model.init(jax.random.PRNGKey(7), jnp.zeros_like(enc), dec, enc_seg,
-                       decode=True)["cache"]
+    cache = jax.jit(lambda: model.init(jax.random.PRNGKey(7), jnp.zeros_like(enc), dec, enc_seg,
+                                       decode=True)["cache"])()
+    step = jax.jit(lambda cache, token: model.apply(   # one compile for every step
+        {"params": params, "cache": cache}, encoded, token, enc_seg, decode=True,
+        mutable=["cache"], method=EncoderDecoder.decode))
     outs = []
     for i in range(dec.shape[1]):
-        out, state = model.apply({"params": params, "cache": cache}, encoded, dec[:, i:i + 1],
-                                 enc_seg, decode=True, mutable=["cache"],
-                                 method=EncoderDecoder.decode)
+        out, state = step(cache, dec[:, i:i + 1])
         cache = state["cache"]
         outs.append(out)
     return jnp.concatenate(outs, 1)

@@ -64,8 +64,8 @@ def test_memory_replaces_the_feed_forward_of_the_listed_decoder_layers_only():
     layers = params["decoder"]["layers"]
     assert "values" in layers["layer_1"]["mlp"] and "wo" in layers["layer_0"]["mlp"]
     assert "wo" in params["encoder"]["layers"]["layer_1"]["mlp"]
-    grads = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, tokens(0, (2, 7)),
-                                                   tokens(1, (2, 5)))))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply({"params": p}, tokens(0, (2, 7)),
+                                                           tokens(1, (2, 5))))))(params)
     assert np.isfinite(np.asarray(grads["decoder"]["layers"]["layer_1"]["mlp"]["values"])).all()
 
 

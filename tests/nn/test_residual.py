@@ -54,7 +54,7 @@ def test_rezero_is_x_plus_alpha_times_the_branch():
 def test_rezero_alpha_gets_a_gradient_at_init():
     cfg = T5_TINY.replace(residual_scaling="rezero", norm_type="none")
     layer, x, enc, params = _layer_io(cfg)
-    grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x, enc) ** 2))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x, enc) ** 2)))(params)
     assert all(abs(float(grads[g]["alpha"])) > 0 for g in
                ("self_attention_gate", "cross_attention_gate", "mlp_gate"))
 

@@ -16,11 +16,13 @@ LOGICAL_NAMES = {"batch", "length", "embed", "mlp", "heads", "kv", "joined_kv", 
 
 def decode_stepwise(module, params, toks, **kwargs):
     """Feed tokens one at a time through the KV cache; return stacked logits."""
-    cache = module.init(jax.random.PRNGKey(0), toks, decode=True, **kwargs)["cache"]
+    cache = jax.jit(lambda: module.init(jax.random.PRNGKey(0), toks, decode=True,
+                                        **kwargs)["cache"])()
+    step = jax.jit(lambda cache, token: module.apply(    # one compile for every step
+        {"params": params, "cache": cache}, token, decode=True, mutable=["cache"], **kwargs))
     outs = []
     for i in range(toks.shape[1]):
-        out, state = module.apply({"params": params, "cache": cache}, toks[:, i:i + 1],
-                                  decode=True, mutable=["cache"], **kwargs)
+        out, state = step(cache, toks[:, i:i + 1])
         cache = state["cache"]
         outs.append(out)
     return jnp.concatenate(outs, axis=1)

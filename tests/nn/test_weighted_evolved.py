@@ -1,7 +1,6 @@
 """The Weighted Transformer's branched attention (Ahmed et al. 2017, eq. 3) and the Evolved
 Transformer's cells (So et al. 2019, Figure 3) against numpy transcriptions of the papers'
 definitions at tiny sizes, plus causal cached decoding of whole models."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +10,8 @@ from t2t.nn import EncoderDecoder
 from t2t.nn.evolved import EvolvedLayer
 from t2t.nn.weighted import BranchedAttention
 
-from tests.nn.helpers import T5_TINY, init, max_diff, tokens
+from tests.nn.helpers import (T5_TINY, decode_encoder_decoder_stepwise, init, max_diff,
+                              tokens)
 
 CFG = T5_TINY.replace(norm_type="layer", mlp_activations=("relu",), d_model=16, num_heads=2,
                       head_dim=4, d_ff=24)
@@ -74,22 +74,6 @@ def _conv(x, kernel, left, separable, bias=None, pointwise=None):
     return out @ pointwise + bias if separable else out
 
 
-def _decode_stepwise(model, params, enc, dec):
-    """Logits [b, l, vocab] of `dec` fed one token at a time through the cache (one jitted
-    step: eager steps of a whole model are slow on a loaded CPU)."""
-    encoded = model.apply({"params": params}, enc, method=EncoderDecoder.encode)
-    cache = model.init(jax.random.PRNGKey(7), enc, dec, decode=True)["cache"]
-    step = jax.jit(lambda cache, token: model.apply(
-        {"params": params, "cache": cache}, encoded, token, decode=True, mutable=["cache"],
-        method=EncoderDecoder.decode))
-    outs = []
-    for i in range(dec.shape[1]):
-        out, state = step(cache, dec[:, i:i + 1])
-        cache = state["cache"]
-        outs.append(out)
-    return jnp.concatenate(outs, 1)
-
-
 def _pad(x, width):
     return np.pad(x, [(0, 0), (0, 0), (0, width - x.shape[-1])])
 
@@ -123,7 +107,7 @@ def test_weighted_layer_replaces_attention_and_ffn_and_decodes_through_the_cache
     assert sorted(enc_layer) == ["self_attention", "self_attention_norm"]
     assert "mlp" in dec_layer["cross_attention"] and "mlp" not in dec_layer
     full = model.apply({"params": params}, enc, dec)
-    assert max_diff(full, _decode_stepwise(model, params, enc, dec)) < 1e-4
+    assert max_diff(full, decode_encoder_decoder_stepwise(model, params, enc, dec)) < 1e-4
 
 
 # --------------------------------------------------------------------- Evolved Transformer
@@ -186,7 +170,7 @@ def test_evolved_model_is_causal_and_decodes_through_the_cache():
     full = model.apply({"params": params}, enc, dec)
     changed = model.apply({"params": params}, enc, dec.at[:, 9].set(5))
     assert max_diff(full[:, :9], changed[:, :9]) == 0.0 and max_diff(full, changed) > 0
-    assert max_diff(full, _decode_stepwise(model, params, enc, dec)) < 1e-4
+    assert max_diff(full, decode_encoder_decoder_stepwise(model, params, enc, dec)) < 1e-4
 
 
 @pytest.mark.parametrize("layer_type", ["weighted", "evolved"])

@@ -97,7 +97,7 @@ def test_grad_norm_metric_is_the_global_gradient_norm(tmp_path):
                       TrainConfig(model_dir=str(tmp_path), progress_bar=False))
     batch = next(RandomCopyData())
     state = trainer.init_state(batch)
-    grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(state.params)
+    grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(state.params)
     want = float(optax.tree.norm(grads))
     _, metrics = trainer.train_step(state, batch)
     assert want > 0
