@@ -90,7 +90,8 @@ def test_bert_paper_cell_pretrains_on_mock_wikipedia(path, key, tmp_path, monkey
         assert stage["heldout"]["mlm_loss"] > 0
 
 
-@pytest.mark.slow    # ~13 s; the paper-scale fine-tuning in CI: T5 on mock GLUE
+@pytest.mark.slow    # ~13 s; in CI: T5's paper-scale fine-tuning on mock GLUE, the BiLSTM
+# classifier head in tests/models/test_classifiers.py
 def test_bert_paper_bilstm_fine_tuning_runs_on_mock_mrpc(tmp_path):
     grid = _bert_grid("configs/ablations/bert_table5.gin")
     cell = grid.select(["ltr_bilstm"])[0]
@@ -132,7 +133,7 @@ def test_bert_small_scale_pretrains_with_heldout_perplexity(tmp_path, monkeypatc
     assert stage["steps"] == 2 and stage["heldout"]["mlm_loss"] > 0
 
 
-@pytest.mark.slow    # the BiLSTM head runs in CI on MRPC; SQuAD's span head in tests/train
+@pytest.mark.slow    # a BiLSTM under SQuAD's span head: tests/train/test_finetune.py
 def test_bert_paper_squad_fine_tuning_runs_a_span_qa_with_the_bilstm(tmp_path):
     """Table 5's SQuAD column: the scale's task_finetune lines turn the fine-tuning into
     span QA (with the '+ BiLSTM' row's BiLSTM under the span head), scored by F1."""
