@@ -29,7 +29,7 @@ def _part_a(grid):
     return grid.cells[:end]
 
 
-@pytest.mark.slow    # ~23 s; each row's module has its test in tests/nn, each cell's run in test_grid
+@pytest.mark.slow    # ~23 s; each row's module: tests/nn; each cell's config and first batch: test_grid
 def test_every_part_a_cell_builds_its_model_at_the_tiny_scale():
     grid = grid_lib.load_grid(GRID, "tiny")
     built = {c.label: _cell_params(grid, c) for c in _part_a(grid)}

@@ -34,7 +34,7 @@ def _model_config(model_gin, lines):
     return configured.TransformerConfig()
 
 
-@pytest.mark.slow    # ~20 s; each row's module has its test in tests/nn, each cell's run in test_grid
+@pytest.mark.slow    # ~20 s; each row's module: tests/nn; each cell's config and first batch: test_grid
 def test_every_part_b_cell_builds_its_tiny_model():
     """The tiny model gin, the cell's lines and the 8k Bible vocabulary (8192 rows) give a
     model that initialises (shapes only) on T5 inputs."""
