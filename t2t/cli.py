@@ -262,8 +262,7 @@ def cmd_ablate(args) -> int:
         level = t2t_log.level
         t2t_log.setLevel(logging.WARNING)       # each stage's config logs its vocabulary size
         try:
-            plans = runner.plan_grid(grid, cells, seeds, args.out_dir, {
-                key: [r["seed"] for r in found] for key, found in results.items()})
+            plans = runner.plan_grid(grid, cells, seeds, args.out_dir)
         finally:
             t2t_log.setLevel(level)
         print(report.status(grid, results, cells, seeds, plans,

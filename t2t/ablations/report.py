@@ -420,10 +420,14 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
     """What `t2t ablate --list` prints: each cell's finished seeds (and their precision), the
     selected seeds still to train and those that would only copy other grids' finished
     stages (`plans`: `runner.plan_grid`'s), and the CPU time the training
-    should take at the mean of `costs` (`runner.stage_cpu_seconds`) for each stage it runs."""
+    should take at the mean of `costs` (`runner.stage_cpu_seconds`) for each stage it runs.
+    A finished seed whose plan is given and reuses less than all its stages finished under
+    an earlier configuration (the scale's recipe changed since): it is listed to run again."""
     lines, todo, copies = [], [], 0
     for cell in cells:
         found = results.get(cell.key, [])
+        stale = [r["seed"] for r in found if _changed_since(plans.get((cell.key, r["seed"])))]
+        found = [r for r in found if r["seed"] not in stale]
         done = sorted(r["seed"] for r in found)
         missing = {s: plans[cell.key, s] for s in seeds if s not in done}
         runs = [s for s, plan in missing.items() if None in plan.values()]
@@ -433,14 +437,19 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
         finished = f"{', '.join(map(str, done))} ({precisions(found)})" if found else "–"
         line = (f"{cell.key:34s} {cell.label:38s} finished: {finished:30s} to run: "
                 + (", ".join(map(str, runs)) or "–"))
+        if stale:
+            line += (f" ({', '.join(map(str, sorted(stale)))}: finished under an earlier "
+                     "configuration)")
         if copied:
             twins = sorted({_stage_cell(d) for s in copied for d in missing[s].values()
                             if d != FINISHED})
             line += (f"; copies: {', '.join(map(str, copied))} "
                      f"({', '.join(twins) or 'its finished stages'})")
         lines.append(line)
-    total = sum(len(results.get(c.key, [])) for c in cells) + len(todo) + copies
-    summary = f"{total - len(todo) - copies} of {total} cell-seeds finished, {len(todo)} to run"
+    finished_count = sum(1 for c in cells for r in results.get(c.key, [])
+                         if not _changed_since(plans.get((c.key, r["seed"]))))
+    total = finished_count + len(todo) + copies
+    summary = f"{finished_count} of {total} cell-seeds finished, {len(todo)} to run"
     summary += f", {copies} to copy from finished stages" if copies else ""
     stages = [stage for plan in todo for stage, source in plan.items() if source is None]
     if stages and all(costs.get(stage) for stage in stages):
@@ -448,6 +457,12 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
         cost = f"{hours:.1f} CPU-hours" if hours >= 1 else f"{hours * 60:.0f} CPU-minutes"
         summary += f": about {cost} at the mean CPU time of this grid's stages that trained here"
     return "\n".join(lines + [summary])
+
+
+def _changed_since(plan: Optional[Mapping[str, Optional[str]]]) -> bool:
+    """Whether a finished cell-seed's `plan` (None: not planned) would not reuse all its own
+    finished stages: their configuration changed since it ran."""
+    return plan is not None and any(source != FINISHED for source in plan.values())
 
 
 def check_plotting() -> None:

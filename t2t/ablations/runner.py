@@ -589,16 +589,15 @@ def plan_cell(grid: Grid, cell: Cell, seed: int, out_dir: str) -> Dict[str, Opti
     return plan
 
 
-def plan_grid(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int], out_dir: str,
-              finished: Dict[str, Sequence[int]]) -> Dict[Tuple[str, int], Dict[str, Any]]:
-    """`plan_cell` for each selected (cell, seed) not in `finished` ({cell key: seeds}). A
-    pretraining that cells share (BERT Table 5's two LTR rows) trains once: the later
-    cells' plans name its directory instead of None."""
+def plan_grid(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int],
+              out_dir: str) -> Dict[Tuple[str, int], Dict[str, Any]]:
+    """`plan_cell` for each selected (cell, seed), finished ones too (a finished seed whose
+    stages would not all be reused ran under an earlier configuration). A pretraining that
+    cells share (BERT Table 5's two LTR rows) trains once: the later cells' plans name its
+    directory instead of None."""
     plans, trains = {}, set()
     for seed in seeds:
         for cell in cells:
-            if seed in finished.get(cell.key, ()):
-                continue
             plan = plan_cell(grid, cell, seed, out_dir)
             if cell.pretrained and plan["pretrain"] is None:
                 pre_dir = pretrain_dir(out_dir, grid, cell, seed)

@@ -271,6 +271,26 @@ def test_list_says_which_seeds_finished_and_what_the_rest_should_cost(ran, capsy
                                                             {}, costs).strip()
 
 
+def test_list_reruns_a_seed_that_finished_under_an_earlier_recipe(ran, tmp_path, capsys):
+    """A scale's fine-tuning recipe changed after seed 0 finished: --list no longer counts
+    that seed as finished (its table row would mix recipes) and says why it runs again."""
+    grid, out, _ = ran
+    changed = tmp_path / "micro.gin"
+    changed.write_text(GRID.replace("'evaluate_experiment.batch_size = 8'",
+                                    "'evaluate_experiment.batch_size = 8', "
+                                    "'TrainConfig.keep_checkpoints = 2'"))
+    main(["ablate", str(changed), "--scale=tiny", f"--out_dir={out}", "--list"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines[:2]] == ["encoder_decoder", "prefix_lm"]
+    for line in lines[:2]:
+        assert "finished: –" in line
+        assert line.endswith("to run: 0 (0: finished under an earlier configuration)"), line
+    assert lines[-1].startswith("0 of 2 cell-seeds finished, 2 to run")
+    main(["ablate", grid.source, "--scale=tiny", f"--out_dir={out}", "--list"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == \
+        "2 of 2 cell-seeds finished, 0 to run"
+
+
 def test_each_stage_records_the_vocabulary_file_it_used(ran):
     """Trained vocabularies are named by a digest of their corpus: a stage says which."""
     from t2t.data import tasks
@@ -314,7 +334,7 @@ def test_list_counts_a_pretraining_two_cells_share_once(tmp_path):
     grid = grid_lib.load_grid(str(path), "tiny")
     first, second = grid.cells
     out = str(tmp_path / "runs")
-    plans = runner.plan_grid(grid, grid.cells, [0], out, {})
+    plans = runner.plan_grid(grid, grid.cells, [0], out)
     tuning = os.path.join("finetune", "bible_style_kjv_to_web")
     assert plans[first.key, 0] == dict.fromkeys(["pretrain", tuning])
     assert plans[second.key, 0] == {"pretrain": runner.pretrain_dir(out, grid, first, 0),
@@ -323,7 +343,7 @@ def test_list_counts_a_pretraining_two_cells_share_once(tmp_path):
     assert report.status(grid, {}, grid.cells, [0], plans, costs).splitlines()[-1] == (
         "0 of 2 cell-seeds finished, 2 to run: about 12 CPU-minutes at the mean CPU time of "
         "this grid's stages that trained here")
-    assert runner.plan_grid(grid, [second], [0], out, {}) == {       # selected alone: it
+    assert runner.plan_grid(grid, [second], [0], out) == {       # selected alone: it
         (second.key, 0): dict.fromkeys(["pretrain", tuning])}          # trains the pretraining
 
 
