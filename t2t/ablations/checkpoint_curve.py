@@ -8,8 +8,8 @@ RUN_DIR is a pretraining's MODEL_DIR (its ``config.gin``, the operative config t
 wrote, rebuilds the experiment). Step 0 is the run's initialisation (its seed), then every
 checkpoint under ``RUN_DIR/checkpoints``:
 
-* **held-out loss** on the first ``--batches`` batches of the task's ``<task>_validation``
-  twin (held-out documents), and the same batches scored by the unigram floor
+* **held-out loss** (BERT: masked-LM loss) on the first ``--batches`` batches of the task's
+  ``<task>_validation`` twin (held-out documents), and the same batches scored by the unigram floor
   (`t2t.evaluation.unigram`: training target frequencies alone). Both are given twice: over
   all targets, and over the content tokens alone (sentinels and EOS weighted 0), since a
   denoising model predicts the sentinels' order from position and beats the floor there
@@ -41,7 +41,10 @@ SIMILARITY_EXAMPLES = 300
 
 
 def content_only(batch: Dict[str, np.ndarray], vocab) -> Dict[str, np.ndarray]:
-    """`batch` with the targets that are sentinels or EOS weighted 0."""
+    """`batch` with the targets that are sentinels or EOS weighted 0 (a vocabulary without
+    sentinels, BERT's WordPiece, masks only content tokens: `batch` itself)."""
+    if not hasattr(vocab, "extra_ids"):
+        return batch
     ids_key, weights_key = next((i, w) for i, w in unigram.TARGET_KEYS if i in batch)
     ids = np.asarray(batch[ids_key])
     content = (ids != vocab.eos_id) & ~((ids >= vocab.vocab_size - vocab.extra_ids)
@@ -52,9 +55,9 @@ def content_only(batch: Dict[str, np.ndarray], vocab) -> Dict[str, np.ndarray]:
 class HeldoutScorer:
     """`score(params)` -> (loss over all targets, loss over content targets) on `batches`
     and their `content_only` twins, each the mean over batches of the run's own eval loss
-    (as `Trainer.evaluate` gives it), in one forward pass a batch: the two losses differ
-    only in their target weights, and XLA merges the two identical forward passes of the
-    jitted function into one."""
+    (as `Trainer.evaluate` gives it; BERT's masked-LM loss alone, without NSP's), in one
+    forward pass a batch: the two losses differ only in their target weights, and XLA
+    merges the two identical forward passes of the jitted function into one."""
 
     def __init__(self, trainer, batches: List[Dict[str, np.ndarray]],
                  content: List[Dict[str, np.ndarray]]):
@@ -67,10 +70,13 @@ class HeldoutScorer:
         self.batches = batches
         self.content = [b[weights_key] for b in content]
 
+        def target_loss(params, batch):
+            metrics = model.loss_fn(params, batch, None)[1]
+            return metrics.get("mlm_loss", metrics["loss"])
+
         def both(params, batch, content_weights):            # -> [2]
             reweighted = {**batch, weights_key: content_weights}
-            return jnp.stack([model.loss_fn(params, b, None)[1]["loss"]
-                              for b in (batch, reweighted)])
+            return jnp.stack([target_loss(params, b) for b in (batch, reweighted)])
 
         self.jitted = jax.jit(both)
 

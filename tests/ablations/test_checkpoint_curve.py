@@ -2,6 +2,7 @@
 in test_runner.py, on its pretrained grid)."""
 import types
 
+import jax.numpy as jnp
 import numpy as np
 
 from t2t.ablations import checkpoint_curve
@@ -39,3 +40,23 @@ def test_nearest_centroid_reads_class_structure_and_cosine_reads_collapse():
     same = np.tile(rng.normal(size=(1, 16)), (5, 1))
     assert abs(checkpoint_curve.mean_pairwise_cosine(same) - 1.0) < 1e-9
     assert abs(checkpoint_curve.mean_pairwise_cosine(np.eye(4))) < 1e-12
+
+
+def test_a_bert_run_is_scored_by_its_masked_lm_loss_on_every_masked_token():
+    """WordPiece has no sentinels: every masked token is content; an MLM + NSP model's
+    held-out score is its masked-LM loss, not the sum with NSP's."""
+    from t2t.train import partitioning
+    wordpiece = types.SimpleNamespace(vocab_size=16000)
+    batch = {"masked_ids": np.array([[5, 7, 0]]), "masked_weights": np.array([[1.0, 1, 0]])}
+    assert checkpoint_curve.content_only(batch, wordpiece) is batch
+
+    def loss_fn(params, batch, rng):                 # mean masked "loss" = params * weight
+        mlm = (params * batch["masked_weights"]).sum() / batch["masked_weights"].sum()
+        return mlm + 0.7, {"loss": mlm + 0.7, "mlm_loss": mlm}
+
+    mesh = partitioning.make_mesh()
+    trainer = types.SimpleNamespace(model=types.SimpleNamespace(loss_fn=loss_fn), mesh=mesh,
+                                    rules=partitioning.DEFAULT_RULES,
+                                    global_batch=lambda b: b)
+    scorer = checkpoint_curve.HeldoutScorer(trainer, [batch], [batch])
+    assert scorer.score(jnp.float32(2.0)) == (2.0, 2.0)
