@@ -346,8 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gin", action="append", default=[], metavar="BINDING",
                    help="extra binding for the grid file; repeatable")
     p.add_argument("--list", action="store_true",
-                   help="list the cells, their finished seeds, the seeds still to train and "
-                        "those that would copy another grid's finished stages, and exit")
+                   help="list the cells, their finished seeds, the seeds still to train "
+                        "(with those that finished under an earlier configuration of the "
+                        "scale) and those that would copy another grid's finished stages, "
+                        "and exit")
     p.add_argument("--render_only", action="store_true", help="render what has finished")
     p.set_defaults(func=cmd_ablate)
     p = with_gin(sub.add_parser("compile", help="compile a step for a TPU slice (no TPU "
