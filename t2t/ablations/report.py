@@ -423,12 +423,13 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
     should take at the mean of `costs` (`runner.stage_cpu_seconds`) for each stage it runs.
     A finished seed whose plan is given and reuses less than all its stages finished under
     an earlier configuration (the scale's recipe changed since): it is listed to run again."""
-    lines, todo, copies = [], [], 0
+    lines, todo, copies, finished_count = [], [], 0, 0
     for cell in cells:
         found = results.get(cell.key, [])
         stale = [r["seed"] for r in found if _changed_since(plans.get((cell.key, r["seed"])))]
         found = [r for r in found if r["seed"] not in stale]
         done = sorted(r["seed"] for r in found)
+        finished_count += len(done)
         missing = {s: plans[cell.key, s] for s in seeds if s not in done}
         runs = [s for s, plan in missing.items() if None in plan.values()]
         copied = [s for s in missing if s not in runs]
@@ -446,8 +447,6 @@ def status(grid: Grid, results: Results, cells: Sequence[Any], seeds: Sequence[i
             line += (f"; copies: {', '.join(map(str, copied))} "
                      f"({', '.join(twins) or 'its finished stages'})")
         lines.append(line)
-    finished_count = sum(1 for c in cells for r in results.get(c.key, [])
-                         if not _changed_since(plans.get((c.key, r["seed"]))))
     total = finished_count + len(todo) + copies
     summary = f"{finished_count} of {total} cell-seeds finished, {len(todo)} to run"
     summary += f", {copies} to copy from finished stages" if copies else ""
