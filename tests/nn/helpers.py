@@ -38,12 +38,18 @@ def decode_encoder_decoder_stepwise(model, params, enc, dec, enc_seg=None):
     encoded = model.apply({"params": params}, enc, enc_seg, method=EncoderDecoder.encode)
     cache = jax.jit(lambda: model.init(jax.random.PRNGKey(7), jnp.zeros_like(enc), dec, enc_seg,
                                        decode=True)["cache"])()
-    step = jax.jit(lambda cache, token: model.apply(   # one compile for every step
+    return feed_one_token_at_a_time(lambda cache, token: model.apply(
         {"params": params, "cache": cache}, encoded, token, enc_seg, decode=True,
-        mutable=["cache"], method=EncoderDecoder.decode))
+        mutable=["cache"], method=EncoderDecoder.decode), cache, dec)
+
+
+def feed_one_token_at_a_time(step, cache, toks):
+    """`step(cache, token [b, 1]) -> (logits [b, 1, vocab], {"cache": ...})`, jitted once and
+    called for each position of `toks` [b, l] in turn -> logits [b, l, vocab]."""
+    step = jax.jit(step)
     outs = []
-    for i in range(dec.shape[1]):
-        out, state = step(cache, dec[:, i:i + 1])
+    for i in range(toks.shape[1]):
+        out, state = step(cache, toks[:, i:i + 1])
         cache = state["cache"]
         outs.append(out)
     return jnp.concatenate(outs, 1)

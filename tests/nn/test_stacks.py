@@ -8,7 +8,7 @@ from t2t.nn import Decoder, Encoder, EncoderDecoder
 from t2t.nn.config import TransformerConfig
 
 from tests.nn.helpers import (BERT_TINY, GPT_TINY, T5_TINY, decode_encoder_decoder_stepwise,
-                              init, max_diff, tokens)
+                              feed_one_token_at_a_time, init, max_diff, tokens)
 
 LOGICAL_NAMES = {"batch", "length", "embed", "mlp", "heads", "kv", "joined_kv", "vocab",
                  "relpos_buckets", "layers", None}
@@ -18,14 +18,9 @@ def decode_stepwise(module, params, toks, **kwargs):
     """Feed tokens one at a time through the KV cache; return stacked logits."""
     cache = jax.jit(lambda: module.init(jax.random.PRNGKey(0), toks, decode=True,
                                         **kwargs)["cache"])()
-    step = jax.jit(lambda cache, token: module.apply(    # one compile for every step
-        {"params": params, "cache": cache}, token, decode=True, mutable=["cache"], **kwargs))
-    outs = []
-    for i in range(toks.shape[1]):
-        out, state = step(cache, toks[:, i:i + 1])
-        cache = state["cache"]
-        outs.append(out)
-    return jnp.concatenate(outs, axis=1)
+    return feed_one_token_at_a_time(lambda cache, token: module.apply(
+        {"params": params, "cache": cache}, token, decode=True, mutable=["cache"], **kwargs),
+        cache, toks)
 
 
 @pytest.mark.parametrize("cfg", [
