@@ -596,14 +596,15 @@ def plan_grid(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int],
     cells share (BERT Table 5's two LTR rows) trains once: the later cells' plans name its
     directory instead of None."""
     plans, trains = {}, set()
-    for seed in seeds:
-        for cell in cells:
-            plan = plan_cell(grid, cell, seed, out_dir)
-            if cell.pretrained and plan["pretrain"] is None:
-                pre_dir = pretrain_dir(out_dir, grid, cell, seed)
-                plan["pretrain"] = pre_dir if pre_dir in trains else None
-                trains.add(pre_dir)
-            plans[cell.key, seed] = plan
+    with gin_utils.reuse_file_parses():
+        for seed in seeds:
+            for cell in cells:
+                plan = plan_cell(grid, cell, seed, out_dir)
+                if cell.pretrained and plan["pretrain"] is None:
+                    pre_dir = pretrain_dir(out_dir, grid, cell, seed)
+                    plan["pretrain"] = pre_dir if pre_dir in trains else None
+                    trains.add(pre_dir)
+                plans[cell.key, seed] = plan
     return plans
 
 

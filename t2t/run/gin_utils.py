@@ -12,7 +12,7 @@ import logging
 import pathlib
 import re
 import sys
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import gin
 
@@ -51,6 +51,39 @@ def _without_namespace_packages():
         sys.meta_path.remove(finder)
 
 
+# {resolved gin files: gin's bindings and imports after parsing them}, inside
+# `reuse_file_parses` (None outside it).
+_FILE_PARSES: Optional[Dict[Tuple[str, ...], Tuple[Dict, set]]] = None
+
+
+@contextlib.contextmanager
+def reuse_file_parses():
+    """Within this block `parse(files, bindings)` reads each distinct list of files once:
+    a later call with the same files restores gin's state after them and parses only its
+    bindings. The result is the same; an ablation grid's plan parses the same few file lists
+    for each of its hundreds of stages. Files edited inside the block are not re-read."""
+    global _FILE_PARSES
+    outer = _FILE_PARSES
+    _FILE_PARSES = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _FILE_PARSES = outer
+
+
+def _gin_state() -> Tuple[Dict, set]:
+    """gin's bindings and imports (values are not copied: gin deep-copies them per call)."""
+    return ({key: dict(values) for key, values in gin.config._CONFIG.items()},
+            set(gin.config._IMPORTS))
+
+
+def _restore_gin_state(state: Tuple[Dict, set]) -> None:
+    gin.clear_config()
+    config, imports = state
+    gin.config._CONFIG.update({key: dict(values) for key, values in config.items()})
+    gin.config._IMPORTS.update(imports)
+
+
 def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
           clear: bool = True) -> None:
     """Parse gin files (paths, or relative to `configs/`) and bindings.
@@ -65,8 +98,15 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
         gin.add_config_file_search_path(str(path))
     try:
         with _quiet_search(), _without_namespace_packages():
-            gin.parse_config_files_and_bindings([_resolve(f) for f in gin_files],
-                                                list(bindings), finalize_config=False)
+            files = [_resolve(f) for f in gin_files]
+            if clear and _FILE_PARSES is not None:
+                key = tuple(files)
+                if key not in _FILE_PARSES:
+                    gin.parse_config_files_and_bindings(files, [], finalize_config=False)
+                    _FILE_PARSES[key] = _gin_state()
+                _restore_gin_state(_FILE_PARSES[key])
+                files = []
+            gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False)
     except ValueError as e:
         hint = _suggest(str(e))
         if hint:

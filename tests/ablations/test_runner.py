@@ -588,3 +588,31 @@ def test_compare_puts_two_runs_of_a_cell_side_by_side_seed_by_seed(ran, tmp_path
     assert text.count("code t2t ") == 2
     assert compare.main([a, str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["t5_table2", "bert_table5"])
+def test_planning_parses_each_file_list_once_with_the_same_configs(name, tmp_path):
+    """`--list` reuses each stage's parsed files across cells and seeds (gin_utils.
+    reuse_file_parses): every stage's operative config and fingerprint stay what parsing it
+    from nothing gives, with no binding of an earlier cell left behind."""
+    from t2t.run import gin_utils
+    grid = grid_lib.load_grid(os.path.join(os.path.dirname(t2t.__file__), "configs",
+                                           "ablations", f"{name}.gin"), "tiny")
+    task = grid.scale.tasks[0][0]
+
+    def configs():
+        found = []
+        for seed in (0, 1):
+            for cell in grid.cells:
+                model_dir = str(tmp_path / cell.key / str(seed))
+                if cell.pretrained:
+                    found.append(runner._pretrain_config(grid, cell, seed, model_dir)[1:])
+                found.append(runner._finetune_config(grid, cell, seed, task, model_dir,
+                                                     model_dir, "sha")[1:])
+        return found
+
+    fresh = configs()
+    with gin_utils.reuse_file_parses():
+        reused = configs()
+        assert gin_utils._FILE_PARSES          # the file lists were kept
+    assert fresh and reused == fresh
