@@ -199,15 +199,25 @@ class Trainer:
         return sharding
 
     def evaluate(self, params, batches: Iterator[Dict[str, np.ndarray]], steps: int):
-        """Mean of eval metrics over up to `steps` batches (num_tokens summed)."""
+        """Mean of eval metrics over up to `steps` batches (num_tokens summed). Each batch's
+        metrics are fetched after the next batch is dispatched, so reading the next batch
+        overlaps the device's work on this one."""
         totals: Dict[str, float] = {}
-        n = 0
+
+        def add(metrics) -> None:
+            for k, v in jax.device_get(metrics).items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+
+        n, pending = 0, None
         for batch in batches:
             if n == steps:
                 break
-            for k, v in jax.device_get(self.eval_step(params, batch)).items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-            n += 1
+            dispatched = self.eval_step(params, batch)
+            if pending is not None:
+                add(pending)
+            pending, n = dispatched, n + 1
+        if pending is not None:
+            add(pending)
         return {k: (v if k == "num_tokens" else v / max(n, 1)) for k, v in totals.items()}
 
 

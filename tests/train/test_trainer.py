@@ -153,3 +153,20 @@ def test_restoring_a_mismatched_checkpoint_names_the_parameter(tmp_path):
 def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="batch size 4 is not divisible by the 8 ways"):
         run(tmp_path, steps=1, data=RandomCopyData(batch_size=4))
+
+
+def test_evaluate_is_the_mean_of_each_batchs_metrics_up_to_steps(tmp_path):
+    """`Trainer.evaluate` (which fetches each batch's metrics after dispatching the next):
+    the per-batch means and summed token count of exactly the first `steps` batches."""
+    trainer = Trainer(make_model("t5", CFG), optax.adam(1e-2),
+                      partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1)),
+                      TrainConfig(model_dir=str(tmp_path)))
+    batches = [batch for batch, _ in zip(RandomCopyData(), range(5))]
+    params = trainer.init_state(batches[0]).params
+    each = [jax.device_get(trainer.eval_step(params, b)) for b in batches]
+    for steps, n in [(None, 5), (3, 3), (1, 1)]:
+        got = trainer.evaluate(params, iter(batches), steps=steps)
+        assert got["num_tokens"] == sum(float(m["num_tokens"]) for m in each[:n])
+        assert got["loss"] == pytest.approx(np.mean([float(m["loss"]) for m in each[:n]]),
+                                            rel=1e-12)
+    assert trainer.evaluate(params, iter([]), steps=None) == {}
