@@ -101,11 +101,12 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
             files = [_resolve(f) for f in gin_files]
             if clear and _FILE_PARSES is not None:
                 key = tuple(files)
-                if key not in _FILE_PARSES:
+                if key in _FILE_PARSES:
+                    _restore_gin_state(_FILE_PARSES[key])
+                else:
                     gin.parse_config_files_and_bindings(files, [], finalize_config=False)
-                    _FILE_PARSES[key] = _gin_state()
-                _restore_gin_state(_FILE_PARSES[key])
-                files = []
+                    _FILE_PARSES[key] = _gin_state()     # copies: the bindings below
+                files = []                               # do not change the kept state
             gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False)
     except ValueError as e:
         hint = _suggest(str(e))
