@@ -263,13 +263,15 @@ def _finished_elsewhere(out_dir: str, grid: Grid, seed: int, stage: str, model_d
 
 
 def _finished_as(stage_dir: str, config_str: str, upstream: str) -> bool:
-    """Whether `stage_dir` finished a run of `config_str` (its own directories aside) and
-    is not stale (its fingerprint is that of its config.gin and `upstream`)."""
+    """Whether `stage_dir` finished a run of `config_str` (its own directories aside, and in
+    the same precision: why 'auto' resolved to it on that host, an AVX2-only or an
+    AVX-512 CPU's float32, does not matter) and is not stale (its fingerprint is that of its
+    config.gin and `upstream`)."""
     text = _read_text(os.path.join(stage_dir, "config.gin"))
     return (text is not None and os.path.exists(os.path.join(stage_dir, "stage.json"))
             and _read_text(os.path.join(stage_dir, "config.sha256")) == fingerprint(text,
                                                                                    upstream)
-            and _without_dirs(text) == _without_dirs(config_str))
+            and _what_ran(text) == _what_ran(config_str))
 
 
 def _copy_stage(twin: str, stage_dir: str, sha: str) -> Dict[str, Any]:
@@ -290,6 +292,12 @@ _DIR_BINDINGS = re.compile(r"^(MODEL_DIR|INITIAL_CHECKPOINT) = [^\n]*(?:\n[ \t]+
 
 def _without_dirs(config_str: str) -> str:
     return _DIR_BINDINGS.sub(r"\1 = <dir>", config_str)
+
+
+def _what_ran(config_str: str) -> str:
+    """What `config_str` ran: without its stage's directories, or why its host chose its
+    precision."""
+    return _PRECISION_NOTE.sub(r"# dtype 'auto' resolved to '\1'", _without_dirs(config_str))
 
 
 def _read_text(path: str) -> Optional[str]:

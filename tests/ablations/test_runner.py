@@ -168,6 +168,58 @@ def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monk
     assert runner._without_dirs(short) != runner._without_dirs(short.replace("1", "2"))
 
 
+def _as_if_run_on_another_host(grid, stages, other, why="another CPU"):
+    """Rewrite a finished cell's stages (pretraining, then its fine-tuning) as if 'auto' had
+    resolved to `other` on their host (because of `why`), each under the fingerprint it
+    would have had there."""
+    upstream = ""
+    for stage in stages:
+        theirs = runner._PRECISION_NOTE.sub(
+            f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: "
+            f"{other} ({why}).", open(os.path.join(stage, "config.gin")).read())
+        assert runner.stage_precision(theirs) == other
+        open(os.path.join(stage, "config.gin"), "w").write(theirs)
+        sha = runner.fingerprint(theirs, upstream)
+        open(os.path.join(stage, "config.sha256"), "w").write(sha)
+        upstream = f"{sha} {grid.scale.split_of('bible_style_kjv_to_web')} 8"
+
+
+def test_another_grids_stages_from_another_kind_of_host_are_copied(ran, tmp_path):
+    """T5 Tables 5-7 copy Table 2's baseline when it ran in our precision on another kind
+    of host (float32 on an AVX2-only CPU, here an AVX-512 one), not when it ran in another
+    (a bfloat16 learning curve beside a float32 table), nor with any other difference."""
+    import shutil
+    from t2t import precision
+    grid, out, _ = ran
+    here = precision.resolve_dtype("auto")
+    cell = grid.cells[0]
+    root = runner.cell_dir(out, grid, cell, 0)
+    tuning = os.path.join("finetune", "bible_style_kjv_to_web")
+    stages = [runner.pretrain_dir(out, grid, cell, 0), os.path.join(root, tuning)]
+    path = tmp_path / "micro3.gin"
+    path.write_text(GRID.replace("'micro'", "'micro3'"))
+    same = grid_lib.load_grid(str(path), "tiny").cells[0]
+    backup = str(tmp_path / "backup")
+    shutil.copytree(root, backup)
+    try:
+        _as_if_run_on_another_host(grid, stages, here, why="some other CPU's flags")
+        assert runner.plan_cell(grid_lib.load_grid(str(path), "tiny"), same, 0, out) == {
+            "pretrain": stages[0], tuning: stages[1]}
+        _as_if_run_on_another_host(grid, stages, "float16")
+        plan = runner.plan_cell(grid_lib.load_grid(str(path), "tiny"), same, 0, out)
+        assert plan["pretrain"] != stages[0] and plan[tuning] != stages[1]
+        _as_if_run_on_another_host(grid, stages, here)
+        with open(os.path.join(stages[0], "config.gin"), "a") as f:
+            f.write("\nTRAIN_STEPS = 3\n")        # now another configuration: trains here
+        text = open(os.path.join(stages[0], "config.gin")).read()
+        open(os.path.join(stages[0], "config.sha256"), "w").write(runner.fingerprint(text))
+        plan = runner.plan_cell(grid_lib.load_grid(str(path), "tiny"), same, 0, out)
+        assert plan["pretrain"] != stages[0] and plan[tuning] != stages[1]
+    finally:
+        shutil.rmtree(root)
+        shutil.copytree(backup, root)
+
+
 def test_a_stage_run_on_another_kind_of_host_stands_as_it_ran(ran, tmp_path, monkeypatch):
     """A finished stage whose config differs from ours only in what dtype 'auto' resolved to
     (bfloat16 on an AMX host, float32 on an AVX2-only one) is kept under its own fingerprint,
@@ -190,16 +242,7 @@ def test_a_stage_run_on_another_kind_of_host_stands_as_it_ran(ran, tmp_path, mon
     for module in (trainer_lib, finetune_lib):
         monkeypatch.setattr(module, "fit", lambda *a, **k: pytest.fail("trained again"))
     try:
-        upstream = ""
-        for stage in stages:    # rewrite the cell as if it had run on the other kind of host
-            theirs = runner._PRECISION_NOTE.sub(
-                f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: "
-                f"{other} (another CPU).", open(os.path.join(stage, "config.gin")).read())
-            assert runner.stage_precision(theirs) == other
-            open(os.path.join(stage, "config.gin"), "w").write(theirs)
-            sha = runner.fingerprint(theirs, upstream)
-            open(os.path.join(stage, "config.sha256"), "w").write(sha)
-            upstream = f"{sha} {grid.scale.split_of('bible_style_kjv_to_web')} 8"
+        _as_if_run_on_another_host(grid, stages, other)
         before = {s: sorted(os.listdir(s)) for s in stages}
         os.remove(os.path.join(root, "result.json"))
         result = runner.run_cell(grid, cell, 0, out, print)        # nothing trains
