@@ -549,17 +549,41 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     if done is not None and done["pretrain"] == pre and done["finetune"] == downstream:
         say("cached")
         return done
+    stages = [pre] * cell.pretrained + list(downstream.values())
     result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
               "labels": dict(cell.labels), "label": cell.label, "seed": seed,
-              "pretrain": pre, "finetune": downstream, "hardware": hardware(),
+              "pretrain": pre, "finetune": downstream,
               "precision": result_precision(out_dir, grid, cell, seed),
-              "code": code_version(),
               **({} if cell.from_step is None else {"from_step": cell.from_step}),
-              "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                  timespec="seconds")}
+              **(_where_copies_ran(stages) or {
+                  "hardware": hardware(), "code": code_version(),
+                  "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds")})}
     if jax.process_index() == 0:
         storage.write_json_atomically(os.path.join(root, "result.json"), result)
     return result
+
+
+def _where_copies_ran(stages: Sequence[Dict[str, Any]]) -> Optional[Dict[str, str]]:
+    """{hardware, code, finished} of the runs a cell's stages were all copied from (read from
+    their cells' result.json; the latest finish), so a copied row says where and when it ran;
+    None when a stage trained here or a twin's result cannot be read."""
+    twins = [stage.get("copied_from") for stage in stages]
+    if not twins or None in twins:
+        return None
+    ran = []
+    for twin in twins:       # <cell>/seed<k>/pretrain or <cell>/seed<k>/finetune/<task>
+        seed_dir = twin
+        while seed_dir != os.path.dirname(seed_dir) and not re.fullmatch(
+                r"seed\d+", os.path.basename(seed_dir)):
+            seed_dir = os.path.dirname(seed_dir)
+        found = _read(os.path.join(seed_dir, "result.json"))
+        if found is None:
+            return None
+        ran.append(found)
+    return {"hardware": " + ".join(sorted({r["hardware"] for r in ran})),
+            "code": " + ".join(sorted({r.get("code", "–") for r in ran})),
+            "finished": max(r["finished"] for r in ran)}
 
 
 # `plan_cell`: a stage this cell already finished, to be reused.

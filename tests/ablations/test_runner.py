@@ -145,12 +145,22 @@ def test_another_grids_identical_stages_are_copied_not_rerun(ran, tmp_path, monk
     assert listed.splitlines()[-1] == ("0 of 2 cell-seeds finished, 1 to run, 1 to copy from "
                                        "finished stages")
     said = []
-    result = runner.run_cell(grid, same, 0, out, said.append)
+    twin_result = os.path.join(twin, "result.json")
+    original = open(twin_result).read()
+    storage.write_json_atomically(twin_result, {**json.loads(original), "hardware": "elsewhere",
+                                                "finished": "2000-01-01T00:00:00+00:00"})
+    try:
+        result = runner.run_cell(grid, same, 0, out, said.append)
+        ran_there = json.load(open(twin_result))
+    finally:
+        open(twin_result, "w").write(original)
     assert result["pretrain"]["copied_from"] == os.path.join(twin, "pretrain")
     tuned = result["finetune"]["bible_style_kjv_to_web"]
     assert tuned["copied_from"] == os.path.join(twin, "finetune", "bible_style_kjv_to_web")
-    assert tuned["metrics"] == json.load(open(os.path.join(
-        twin, "result.json")))["finetune"]["bible_style_kjv_to_web"]["metrics"]
+    assert tuned["metrics"] == ran_there["finetune"]["bible_style_kjv_to_web"]["metrics"]
+    where = ("hardware", "code", "finished")      # a copied row says where and when it ran
+    assert {k: result[k] for k in where} == {k: ran_there[k] for k in where}
+    assert result["finished"].startswith("2000-01-01") and result["hardware"] == "elsewhere"
     assert sum("copying" in m for m in said) == 2
     model_dir = runner.pretrain_dir(out, grid, same, 0)
     assert os.listdir(os.path.join(model_dir, "checkpoints")) == ["2"]
