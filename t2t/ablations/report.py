@@ -12,12 +12,11 @@ import collections
 import itertools
 import math
 import os
-import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from t2t.ablations.grid import CONTROL_LABEL, Grid
-from t2t.ablations.runner import FINISHED, stage_cpu_s
+from t2t.ablations.runner import FINISHED, stage_cpu_s, stage_seed_dir
 from t2t.errors import UserError
 
 Results = Dict[str, List[Dict[str, Any]]]   # cell key -> result per seed
@@ -324,9 +323,8 @@ def _copied(stages: Sequence[Mapping[str, Any]]) -> str:
 def _stage_cell(stage_dir: str) -> str:
     """'<grid>/<cell>' of a stage directory <out>/<grid>/<scale>/<cell>/seed<k>/pretrain or
     .../seed<k>/finetune/<task>."""
-    parts = stage_dir.replace(os.sep, "/").split("/")
-    i = max(n for n, part in enumerate(parts) if re.fullmatch(r"seed\d+", part))
-    return f"{parts[i - 3]}/{parts[i - 1]}"
+    cell = os.path.dirname(stage_seed_dir(stage_dir))
+    return f"{os.path.basename(os.path.dirname(os.path.dirname(cell)))}/{os.path.basename(cell)}"
 
 
 def compute_table(grid: Grid, results: Results) -> str:

@@ -46,6 +46,14 @@ def cell_dir(out_dir: str, grid: Grid, cell: Cell, seed: int) -> str:
     return os.path.join(out_dir, grid.name, grid.scale.name, cell.key, f"seed{seed}")
 
 
+def stage_seed_dir(stage_dir: str) -> str:
+    """The <out>/<grid>/<scale>/<cell>/seed<k> a stage directory (…/seed<k>/pretrain or
+    …/seed<k>/finetune/<task>) belongs to."""
+    parts = stage_dir.split(os.sep)
+    i = max(n for n, part in enumerate(parts) if re.fullmatch(r"seed\d+", part))
+    return os.sep.join(parts[:i + 1])
+
+
 def pretrain_dir(out_dir: str, grid: Grid, cell: Cell, seed: int) -> str:
     """Where the cell pretrains: shared by cells whose pretraining lines are identical (BERT
     Table 5's "+ BiLSTM" only changes fine-tuning), under the first such cell's key that
@@ -571,16 +579,9 @@ def _where_copies_ran(stages: Sequence[Dict[str, Any]]) -> Optional[Dict[str, st
     twins = [stage.get("copied_from") for stage in stages]
     if not twins or None in twins:
         return None
-    ran = []
-    for twin in twins:       # <cell>/seed<k>/pretrain or <cell>/seed<k>/finetune/<task>
-        seed_dir = twin
-        while seed_dir != os.path.dirname(seed_dir) and not re.fullmatch(
-                r"seed\d+", os.path.basename(seed_dir)):
-            seed_dir = os.path.dirname(seed_dir)
-        found = _read(os.path.join(seed_dir, "result.json"))
-        if found is None:
-            return None
-        ran.append(found)
+    ran = [_read(os.path.join(stage_seed_dir(twin), "result.json")) for twin in twins]
+    if None in ran:
+        return None
     return {"hardware": " + ".join(sorted({r["hardware"] for r in ran})),
             "code": " + ".join(sorted({r.get("code", "–") for r in ran})),
             "finished": max(r["finished"] for r in ran)}
