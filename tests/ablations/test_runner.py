@@ -208,22 +208,23 @@ def test_another_grids_stages_from_another_kind_of_host_are_copied(ran, tmp_path
     stages = [runner.pretrain_dir(out, grid, cell, 0), os.path.join(root, tuning)]
     path = tmp_path / "micro3.gin"
     path.write_text(GRID.replace("'micro'", "'micro3'"))
-    same = grid_lib.load_grid(str(path), "tiny").cells[0]
+    copier = grid_lib.load_grid(str(path), "tiny")
+    same = copier.cells[0]
     backup = str(tmp_path / "backup")
     shutil.copytree(root, backup)
     try:
         _as_if_run_on_another_host(grid, stages, here, why="some other CPU's flags")
-        assert runner.plan_cell(grid_lib.load_grid(str(path), "tiny"), same, 0, out) == {
+        assert runner.plan_cell(copier, same, 0, out) == {
             "pretrain": stages[0], tuning: stages[1]}
         _as_if_run_on_another_host(grid, stages, "float16")
-        plan = runner.plan_cell(grid_lib.load_grid(str(path), "tiny"), same, 0, out)
+        plan = runner.plan_cell(copier, same, 0, out)
         assert plan["pretrain"] != stages[0] and plan[tuning] != stages[1]
         _as_if_run_on_another_host(grid, stages, here)
         with open(os.path.join(stages[0], "config.gin"), "a") as f:
             f.write("\nTRAIN_STEPS = 3\n")        # now another configuration: trains here
         text = open(os.path.join(stages[0], "config.gin")).read()
         open(os.path.join(stages[0], "config.sha256"), "w").write(runner.fingerprint(text))
-        plan = runner.plan_cell(grid_lib.load_grid(str(path), "tiny"), same, 0, out)
+        plan = runner.plan_cell(copier, same, 0, out)
         assert plan["pretrain"] != stages[0] and plan[tuning] != stages[1]
     finally:
         shutil.rmtree(root)
