@@ -323,8 +323,8 @@ def _copied(stages: Sequence[Mapping[str, Any]]) -> str:
 def _stage_cell(stage_dir: str) -> str:
     """'<grid>/<cell>' of a stage directory <out>/<grid>/<scale>/<cell>/seed<k>/pretrain or
     .../seed<k>/finetune/<task>."""
-    cell = os.path.dirname(stage_seed_dir(stage_dir))
-    return f"{os.path.basename(os.path.dirname(os.path.dirname(cell)))}/{os.path.basename(cell)}"
+    *_, grid, _scale, cell, _seed = stage_seed_dir(stage_dir).split(os.sep)
+    return f"{grid}/{cell}"
 
 
 def compute_table(grid: Grid, results: Results) -> str:

@@ -557,7 +557,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
     if done is not None and done["pretrain"] == pre and done["finetune"] == downstream:
         say("cached")
         return done
-    stages = [pre] * cell.pretrained + list(downstream.values())
+    stages = ([pre] if cell.pretrained else []) + list(downstream.values())
     result = {"grid": grid.name, "scale": grid.scale.name, "cell": cell.key,
               "labels": dict(cell.labels), "label": cell.label, "seed": seed,
               "pretrain": pre, "finetune": downstream,
