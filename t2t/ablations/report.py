@@ -472,9 +472,10 @@ def check_plotting() -> None:
 
 
 def plot(grid: Grid, results: Results, path: str) -> str:
-    """Bars per cell for each measured column (whiskers: the seeds' range; a dashed line at
-    the random-init control's mean), the paper's first column, and (with
-    `ablation.orderings`) our column against the paper's, a point per row; saved as PNG."""
+    """Bars per cell for each measured column (whiskers: the seeds' range; a single seed's
+    bar hatched, without one; a dashed line at the random-init control's mean), the paper's
+    first column, and (with `ablation.orderings`) our column against the paper's, a point
+    per row; saved as PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -488,18 +489,24 @@ def plot(grid: Grid, results: Results, path: str) -> str:
     fig, axes = plt.subplots(1, width, figsize=(3.2 * width + 1, 4.2), squeeze=False)
     labels = [f"{i}. {c.label}" if scatter else c.label for i, c in enumerate(grid.cells, 1)]
     for ax, (title, fn, paper_index) in zip(axes[0], panels):
-        means, errs = [], []
+        means, errs, single = [], [], []    # errs: NaN draws no whisker (one seed, paper)
         for cell in grid.cells:
             if fn is None:
                 paper = grid.paper.get(cell.label)
                 means.append(paper[paper_index] if paper else math.nan)
-                errs.append(0.0)
+                errs.append(math.nan)
+                single.append(False)
                 continue
             s = summarize([fn(r) for r in results.get(cell.key, [])])
             means.append(s[0] if s else math.nan)
-            errs.append(s[1] if s else 0.0)
-        ax.bar(range(len(labels)), means, yerr=errs, capsize=3,
-               color="tab:gray" if fn is None else "tab:blue")
+            errs.append(s[1] if s and s[2] > 1 else math.nan)
+            single.append(bool(s) and s[2] == 1)
+        bars = ax.bar(range(len(labels)), means, yerr=errs, capsize=3,
+                      color="tab:gray" if fn is None else "tab:blue")
+        for bar, one_seed in zip(bars, single):
+            if one_seed:                      # n=1: no range to show, so say so
+                bar.set_hatch("//")
+                bar.set_edgecolor("white")
         control = [m for cell, m in zip(grid.cells, means) if not cell.pretrained]
         if fn is not None and control and not math.isnan(control[0]):   # what to beat
             ax.axhline(control[0], color="tab:red", linestyle="--", linewidth=1)
@@ -525,10 +532,12 @@ def plot(grid: Grid, results: Results, path: str) -> str:
 def _plot_against_paper(ax, grid: Grid, results: Results, our_column: str, fn,
                         paper_column: str) -> None:
     """Our column against the paper's, a numbered point per row (whiskers: the seeds'
-    range), the control's mean dashed: rows in the paper's order climb to the right."""
+    range; a single seed's point hollow, without one), the control's mean dashed: rows in
+    the paper's order climb to the right."""
     rows = paired_rows(grid, results, fn, paper_column)
-    for number, _, paper, (mean, half, _) in rows:
-        ax.errorbar(paper, mean, yerr=half, fmt="o", color="tab:blue", capsize=3)
+    for number, _, paper, (mean, half, n) in rows:
+        ax.errorbar(paper, mean, yerr=half if n > 1 else None, fmt="o", color="tab:blue",
+                    mfc="tab:blue" if n > 1 else "white", capsize=3)   # hollow: one seed
         ax.annotate(str(number), (paper, mean), textcoords="offset points", xytext=(4, 3),
                     fontsize=7)
     control = random_init_row(grid)
@@ -596,6 +605,9 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
                  "versions gives another): " + ", ".join(
                      f"`{name}` ({n} stages)" for name, n in vocabularies.items()) + ".", ""]
     text += [f"![{grid.name}]({os.path.basename(png)})", ""]
+    if any(len(results.get(cell.key, [])) == 1 for cell in grid.cells):
+        text += ["Whiskers span the seeds' range; a hatched bar (a hollow point) is a row "
+                 "with one seed, which has no range to show yet.", ""]
     if grid.notes:
         text += ["## Notes", "", grid.notes.strip(), ""]
     with open(base + ".md", "w") as f:

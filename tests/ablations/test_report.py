@@ -80,6 +80,7 @@ def test_orderings_must_name_paper_columns():
 
 def test_the_plot_adds_our_column_against_the_papers(tmp_path, monkeypatch):
     import matplotlib.figure
+    from matplotlib.container import ErrorbarContainer
     grid = _grid({"a": [84.0], "b": [82.0], "c": [80.0]}, orderings={"Average": "GLUE"})
     drawn = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
@@ -91,3 +92,27 @@ def test_the_plot_adds_our_column_against_the_papers(tmp_path, monkeypatch):
     assert against.get_title() == "ours against the paper (3 rows)"
     assert [t.get_text() for t in against.texts] == ["1", "2", "3"]   # numbered as the bars
     assert bars.get_xticklabels()[1].get_text() == "2. b"
+    # c ran one seed: its bar is hatched and has no whisker (a range of 0 would claim one)
+    assert [p.get_hatch() for p in bars.patches] == [None, None, "//"]
+    (errorbar,) = [c for c in bars.containers if isinstance(c, ErrorbarContainer)]
+    whiskers = errorbar.lines[2][0].get_segments()
+    assert [len(w) for w in whiskers] == [2, 2, 0]                  # c's is not drawn
+    hollow = [line.get_markerfacecolor() for line in against.lines if line.get_marker() == "o"]
+    assert hollow[2] == "white" and hollow[0] != "white"
+
+
+def test_the_page_says_what_a_one_seed_bar_looks_like(tmp_path):
+    grid = _grid({"a": [84.0], "b": [82.0]})
+    def results(scores):
+        out = _results(scores)
+        for rows in out.values():
+            for r in rows:
+                r.update(hardware="1 x cpu", finished="2026-11-29T00:00:00", precision="float32")
+                r["pretrain"] = dict(steps=1, tokens=8, flops=1.0, wall_s=1.0, cpu_s=1.0, params=2)
+                r["finetune"]["t"].update(steps=1, flops=1.0, wall_s=1.0, cpu_s=1.0)
+        return out
+    caption = "a hatched bar (a hollow point) is a row with one seed"
+    md, _ = report.render(grid, results({"a": [80, 82], "b": [70]}), str(tmp_path), "t2t ablate")
+    assert caption in open(md).read()
+    md, _ = report.render(grid, results({"a": [80, 82], "b": [70, 71]}), str(tmp_path), "t2t ablate")
+    assert caption not in open(md).read()
