@@ -489,22 +489,23 @@ def plot(grid: Grid, results: Results, path: str) -> str:
     fig, axes = plt.subplots(1, width, figsize=(3.2 * width + 1, 4.2), squeeze=False)
     labels = [f"{i}. {c.label}" if scatter else c.label for i, c in enumerate(grid.cells, 1)]
     for ax, (title, fn, paper_index) in zip(axes[0], panels):
-        means, errs, single = [], [], []    # errs: NaN draws no whisker (one seed, paper)
+        means, errs, seeds = [], [], []     # errs: NaN draws no whisker (one seed, paper)
         for cell in grid.cells:
             if fn is None:
                 paper = grid.paper.get(cell.label)
                 means.append(paper[paper_index] if paper else math.nan)
                 errs.append(math.nan)
-                single.append(False)
+                seeds.append(0)
                 continue
             s = summarize([fn(r) for r in results.get(cell.key, [])])
+            n = s[2] if s else 0
             means.append(s[0] if s else math.nan)
-            errs.append(s[1] if s and s[2] > 1 else math.nan)
-            single.append(bool(s) and s[2] == 1)
+            errs.append(s[1] if n > 1 else math.nan)
+            seeds.append(n)
         bars = ax.bar(range(len(labels)), means, yerr=errs, capsize=3,
                       color="tab:gray" if fn is None else "tab:blue")
-        for bar, one_seed in zip(bars, single):
-            if one_seed:                      # n=1: no range to show, so say so
+        for bar, n in zip(bars, seeds):
+            if n == 1:                        # no range to show, so say so
                 bar.set_hatch("//")
                 bar.set_edgecolor("white")
         control = [m for cell, m in zip(grid.cells, means) if not cell.pretrained]
