@@ -514,9 +514,10 @@ def plot(grid: Grid, results: Results, path: str) -> str:
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-        finite = [m for m in means if not math.isnan(m)]
-        if finite:
-            lo, hi = min(finite), max(finite)
+        reach = [(m - (0.0 if math.isnan(e) else e), m + (0.0 if math.isnan(e) else e))
+                 for m, e in zip(means, errs) if not math.isnan(m)]   # whiskers stay in view
+        if reach:
+            lo, hi = min(r[0] for r in reach), max(r[1] for r in reach)
             pad = (hi - lo) * 0.3 or abs(hi) * 0.05 or 1.0
             ax.set_ylim(max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad)
     if scatter:

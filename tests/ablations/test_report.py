@@ -99,6 +99,10 @@ def test_the_plot_adds_our_column_against_the_papers(tmp_path, monkeypatch):
     assert [len(w) for w in whiskers] == [2, 2, 0]                  # c's is not drawn
     hollow = [line.get_markerfacecolor() for line in against.lines if line.get_marker() == "o"]
     assert hollow[2] == "white" and hollow[0] != "white"
+    drawn.clear()        # a wide range: the y axis shows every whisker whole, not just the means
+    report.plot(grid, _results({"a": [80, 82], "b": [50, 92], "c": [75]}), str(tmp_path / "p"))
+    low, high = drawn[0].axes[0].get_ylim()
+    assert low < 50 and high > 92
 
 
 def test_the_page_says_what_a_one_seed_bar_looks_like(tmp_path):
