@@ -69,6 +69,11 @@ def summarize(values: Sequence[Optional[float]]) -> Optional[Tuple[float, float,
     return statistics.fmean(present), (max(present) - min(present)) / 2, len(present)
 
 
+def _seeds_measured(column, found: Sequence[Mapping[str, Any]]) -> int:
+    """How many of a cell's results have a number in `column` (a function of one result)."""
+    return sum(column(r) is not None for r in found)
+
+
 def seed_list(found: Sequence[Mapping[str, Any]]) -> str:
     """The seeds a cell finished, e.g. '0, 1, 2' ('–' for none)."""
     return ", ".join(str(s) for s in sorted(r["seed"] for r in found)) or "–"
@@ -607,7 +612,8 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
                  "versions gives another): " + ", ".join(
                      f"`{name}` ({n} stages)" for name, n in vocabularies.items()) + ".", ""]
     text += [f"![{grid.name}]({os.path.basename(png)})", ""]
-    if any(len(results.get(cell.key, [])) == 1 for cell in grid.cells):
+    if any(_seeds_measured(fn, results.get(cell.key, [])) == 1
+           for cell in grid.cells for _, fn in columns(grid)):   # as plot() hatches a bar
         text += ["Whiskers span the seeds' range; a hatched bar (a hollow point) is a row "
                  "with one seed, which has no range to show yet.", ""]
     if grid.notes:

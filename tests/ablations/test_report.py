@@ -120,3 +120,7 @@ def test_the_page_says_what_a_one_seed_bar_looks_like(tmp_path):
     assert caption in open(md).read()
     md, _ = report.render(grid, results({"a": [80, 82], "b": [70, 71]}), str(tmp_path), "t2t ablate")
     assert caption not in open(md).read()
+    unscored = results({"a": [80, 82], "b": [70, 71]})   # b's second seed has no score: n=1
+    unscored["b"][1]["finetune"]["t"]["metrics"] = {}
+    md, _ = report.render(grid, unscored, str(tmp_path), "t2t ablate")
+    assert caption in open(md).read()
