@@ -69,11 +69,6 @@ def summarize(values: Sequence[Optional[float]]) -> Optional[Tuple[float, float,
     return statistics.fmean(present), (max(present) - min(present)) / 2, len(present)
 
 
-def _seeds_measured(column, found: Sequence[Mapping[str, Any]]) -> int:
-    """How many of a cell's results have a number in `column` (a function of one result)."""
-    return sum(column(r) is not None for r in found)
-
-
 def seed_list(found: Sequence[Mapping[str, Any]]) -> str:
     """The seeds a cell finished, e.g. '0, 1, 2' ('–' for none)."""
     return ", ".join(str(s) for s in sorted(r["seed"] for r in found)) or "–"
@@ -519,8 +514,9 @@ def plot(grid: Grid, results: Results, path: str) -> str:
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-        reach = [(m - (0.0 if math.isnan(e) else e), m + (0.0 if math.isnan(e) else e))
-                 for m, e in zip(means, errs) if not math.isnan(m)]   # whiskers stay in view
+        whisker = [0.0 if math.isnan(e) else e for e in errs]
+        reach = [(m - w, m + w) for m, w in zip(means, whisker)   # whiskers stay in view
+                 if not math.isnan(m)]
         if reach:
             lo, hi = min(r[0] for r in reach), max(r[1] for r in reach)
             pad = (hi - lo) * 0.3 or abs(hi) * 0.05 or 1.0
@@ -612,8 +608,10 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
                  "versions gives another): " + ", ".join(
                      f"`{name}` ({n} stages)" for name, n in vocabularies.items()) + ".", ""]
     text += [f"![{grid.name}]({os.path.basename(png)})", ""]
-    if any(_seeds_measured(fn, results.get(cell.key, [])) == 1
-           for cell in grid.cells for _, fn in columns(grid)):   # as plot() hatches a bar
+    cols = columns(grid)
+    summaries = (summarize([fn(r) for r in results.get(cell.key, [])])
+                 for cell in grid.cells for _, fn in cols)
+    if any(s and s[2] == 1 for s in summaries):          # the n plot() hatches a bar at
         text += ["Whiskers span the seeds' range; a hatched bar (a hollow point) is a row "
                  "with one seed, which has no range to show yet.", ""]
     if grid.notes:
