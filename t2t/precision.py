@@ -6,7 +6,9 @@ That is faster on TPUs, on NVIDIA GPUs from compute capability 8.0 (Ampere) and 
 with native bf16 dot instructions (AVX512_BF16, AMX-BF16). On an AVX2-only CPU XLA
 emulates the bf16 dot and it runs slower than float32 (benchmarks/RESULTS.md: 107 vs 176
 GFLOP/s), so "auto" keeps float32 there. CPUs whose flags say nothing (not x86, or no
-/proc/cpuinfo) are asked by a short matmul probe instead.
+/proc/cpuinfo) are asked by a short matmul probe instead. The environment variable
+T2T_AUTO_DTYPE (float32 or bfloat16) overrides the choice without changing the config, so a
+grid started on one kind of host continues in its precision on another (docs/ablations).
 
 The choice is made once per process, logged in one line and written to config.gin.
 """
@@ -15,10 +17,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import platform as platform_lib
 import time
 from pathlib import Path
 from typing import Callable, FrozenSet, Optional
+
+from t2t.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
@@ -29,6 +34,7 @@ X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")  # JAX's names for a GPU backend
 MIN_GPU_CAPABILITY = 8.0     # Ampere: bf16 tensor cores
 PROBE_MIN_SPEEDUP = 1.2      # bf16 must beat float32 by this much to be chosen by the probe
+AUTO_DTYPE_ENV = "T2T_AUTO_DTYPE"   # float32 | bfloat16: what "auto" means, whatever the host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +138,25 @@ def probe_bf16_speedup(size: int = 1024, repeats: int = 5) -> float:
     return best_time(jnp.float32) / best_time(jnp.bfloat16)
 
 
+def from_environment() -> Optional[Choice]:
+    """The choice T2T_AUTO_DTYPE asks for, or None where it is unset or empty."""
+    wanted = os.environ.get(AUTO_DTYPE_ENV, "").strip()
+    if not wanted:
+        return None
+    if wanted not in ("float32", "bfloat16"):
+        raise ConfigError(f"{AUTO_DTYPE_ENV}={wanted!r}; set it to float32 or bfloat16, or "
+                          "unset it to let the host decide")
+    return Choice(wanted, f"{AUTO_DTYPE_ENV}={wanted} in the environment")
+
+
 @functools.lru_cache(maxsize=None)
 def auto_choice() -> Choice:
-    """`choose` for this process's default device, made once and logged once."""
+    """`choose` for this process's default device (or `from_environment`), made once and
+    logged once."""
+    forced = from_environment()
+    if forced is not None:
+        _log.info("precision: %s", forced.describe())
+        return forced
     import jax
     device = jax.devices()[0]
     cpuinfo = read_cpuinfo() if device.platform == "cpu" else None

@@ -136,3 +136,26 @@ def test_operative_config_says_what_auto_became(host, text, dtype):
     gin_utils.parse([], ["TransformerConfig.dtype = 'float32'"])
     exp.trainer.model.config = configured.TransformerConfig()
     assert "resolved to" not in experiment.operative_config(exp)
+
+
+def test_environment_pins_what_auto_means(host, monkeypatch, caplog):
+    """T2T_AUTO_DTYPE overrides the host's choice (a grid keeps its precision on another kind
+    of host); the config still says 'auto', and its note says why."""
+    host(ZEN4)
+    monkeypatch.setenv("T2T_AUTO_DTYPE", "float32")
+    with caplog.at_level(logging.INFO, logger="t2t"):
+        assert TransformerConfig(dtype="auto").dtype == "float32"
+    assert "precision: float32 (T2T_AUTO_DTYPE=float32 in the environment)" in [
+        r.getMessage() for r in caplog.records]
+    host(AVX2_ONLY)
+    monkeypatch.setenv("T2T_AUTO_DTYPE", "bfloat16")
+    assert TransformerConfig(dtype="auto").dtype == "bfloat16"
+    assert TransformerConfig(dtype="float32").dtype == "float32"
+    host(ZEN4)
+    monkeypatch.setenv("T2T_AUTO_DTYPE", "")
+    assert TransformerConfig(dtype="auto").dtype == "bfloat16"
+    host(ZEN4)
+    monkeypatch.setenv("T2T_AUTO_DTYPE", "fp16")
+    with pytest.raises(ConfigError, match=r"^T2T_AUTO_DTYPE='fp16'; set it to float32 or "
+                                         r"bfloat16"):
+        TransformerConfig(dtype="auto")
