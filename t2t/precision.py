@@ -149,21 +149,21 @@ def from_environment() -> Optional[Choice]:
     return Choice(wanted, f"{AUTO_DTYPE_ENV}={wanted} in the environment")
 
 
-@functools.lru_cache(maxsize=None)
-def auto_choice() -> Choice:
-    """`choose` for this process's default device (or `from_environment`), made once and
-    logged once."""
-    forced = from_environment()
-    if forced is not None:
-        _log.info("precision: %s", forced.describe())
-        return forced
+def device_choice() -> Choice:
+    """`choose` for this process's default device."""
     import jax
     device = jax.devices()[0]
     cpuinfo = read_cpuinfo() if device.platform == "cpu" else None
-    choice = choose(device.platform, cpu_flags=cpu_flags(cpuinfo),
-                    machine=platform_lib.machine(),
-                    gpu_capability=getattr(device, "compute_capability", None),
-                    probe=probe_bf16_speedup)
+    return choose(device.platform, cpu_flags=cpu_flags(cpuinfo),
+                  machine=platform_lib.machine(),
+                  gpu_capability=getattr(device, "compute_capability", None),
+                  probe=probe_bf16_speedup)
+
+
+@functools.lru_cache(maxsize=None)
+def auto_choice() -> Choice:
+    """`from_environment`, else `device_choice`: made once per process and logged once."""
+    choice = from_environment() or device_choice()
     _log.info("precision: %s", choice.describe())
     return choice
 
