@@ -30,8 +30,9 @@ def data_dir(tmp_path, monkeypatch):
     low_resource._records.cache_clear()
 
 
-def spec(n_train=30, n_validation=60):
-    return low_resource.LowResourceSplits("bbc", n_train, n_validation, lambda r: r["category"])
+def spec(n_train=30, n_validation=60, validation_as=None):
+    return low_resource.LowResourceSplits("bbc", n_train, n_validation, lambda r: r["category"],
+                                          validation_as)
 
 
 def test_the_training_sample_is_balanced_fixed_and_the_validation_set_disjoint(data_dir):
@@ -49,6 +50,20 @@ def test_the_training_sample_is_balanced_fixed_and_the_validation_set_disjoint(d
     everything = spec(30, 10_000).records("validation")
     assert len(everything) == 15 + (125 - 30)                 # capped only by what exists
     assert [r["id"] for r in spec().records("test")] == [f"test/{i}" for i in range(6)]
+
+
+def test_a_smaller_sample_is_a_subset_scored_on_the_larger_ones_validation_set(data_dir):
+    small, large = spec(n_train=15, validation_as=30), spec(n_train=30)
+    small_train = small.records("train")
+    assert collections.Counter(r["category"] for r in small_train) == {c: 5 for c in CLASSES}
+    assert {r["id"] for r in small_train} < {r["id"] for r in large.records("train")}
+    assert small.records("validation") == large.records("validation")
+    # without validation_as the 15 records the larger sample adds would be scored too
+    alone = {r["id"] for r in spec(n_train=15, n_validation=10_000).records("validation")}
+    added = {r["id"] for r in large.records("train")} - {r["id"] for r in small_train}
+    assert added <= alone and not added & {r["id"] for r in small.records("validation")}
+    with pytest.raises(ValueError, match="validation_as=10 is smaller than the 15-record"):
+        spec(n_train=15, validation_as=10)
 
 
 def test_hash_order_is_a_fixed_permutation():
@@ -73,8 +88,12 @@ def test_impossible_samples_and_unbuilt_datasets_are_one_line_errors(data_dir, t
 
 
 def test_the_micro_scale_registers_them_without_building_anything():
-    for name in ("micro_bbc_topic_200", "micro_spam_100", "micro_gettext_en_de_2k"):
+    for name in ("micro_bbc_topic_200", "micro_spam_100", "micro_gettext_en_de_2k",
+                 "micro_bbc_topic_50", "micro_spam_50"):
         assert name in registered_tasks()
-    sizes = {s.dataset: (s.n_train, s.n_validation) for s in
-             (low_resource.BBC_200, low_resource.SPAM_100, low_resource.GETTEXT_DE_2K)}
-    assert sizes == {"bbc": (200, 1000), "spam": (100, 1000), "gettext_de": (2000, 500)}
+    sizes = {(s.dataset, s.n_train): (s.n_validation, s.validation_as) for s in
+             (low_resource.BBC_200, low_resource.SPAM_100, low_resource.GETTEXT_DE_2K,
+              low_resource.BBC_50, low_resource.SPAM_50)}
+    assert sizes == {("bbc", 200): (1000, None), ("spam", 100): (1000, None),
+                     ("gettext_de", 2000): (500, None), ("bbc", 50): (1000, 200),
+                     ("spam", 50): (1000, 100)}

@@ -17,6 +17,9 @@ pretrained model's: `micro` registers them with `micro_sentencepiece` as ``micro
 
 * ``<prefix>bbc_topic_200``: BBC topic, 40 articles per class, 1,000 validation articles;
 * ``<prefix>spam_100``: SpamAssassin, 50 ham + 50 spam, 1,000 validation e-mails (F1 of spam);
+* ``<prefix>bbc_topic_50`` and ``<prefix>spam_50``: the low end, 10 articles per class and
+  25 ham + 25 spam, a subset of the larger samples, scored on the *same* validation sets (so
+  a score at 50 labels and one at 200 or 100 differ only by the labels);
 * ``<prefix>gettext_en_de_2k``: 2,000 English -> German software messages, 500 validation
   messages (BLEU).
 """
@@ -76,6 +79,12 @@ class LowResourceSplits:
     n_train: int
     n_validation: int
     label_of: Callable[[Mapping], Any] | None = None   # None: not a classification task
+    validation_as: int | None = None  # cut validation as for a sample of this size (≥ n_train)
+
+    def __post_init__(self):
+        if self.validation_as is not None and self.validation_as < self.n_train:
+            raise ValueError(f"validation_as={self.validation_as} is smaller than the "
+                             f"{self.n_train}-record training sample; give a larger sample")
 
     def records(self, split: str) -> list[dict]:
         if split not in ("train", "validation", "test"):
@@ -100,7 +109,9 @@ def _records(spec: LowResourceSplits, split: str) -> list[dict]:
     picked = balanced_sample(labels, spec.n_train, len(train))
     if split == "train":
         return [train[i] for i in picked]
-    chosen = set(picked)
+    # a larger sample holds this one (the same hash order, the first of each class), so its
+    # validation set is disjoint from this sample too
+    chosen = set(balanced_sample(labels, spec.validation_as or spec.n_train, len(train)))
     pool = _read_all(spec.dataset, "validation") + [
         r for i, r in enumerate(train) if i not in chosen]
     return [pool[i] for i in hash_order(len(pool), SALT + "/validation")[:spec.n_validation]]
@@ -108,6 +119,8 @@ def _records(spec: LowResourceSplits, split: str) -> list[dict]:
 
 BBC_200 = LowResourceSplits("bbc", 200, 1000, lambda r: r["category"])
 SPAM_100 = LowResourceSplits("spam", 100, 1000, lambda r: r["label"])
+BBC_50 = dataclasses.replace(BBC_200, n_train=50, validation_as=200)
+SPAM_50 = dataclasses.replace(SPAM_100, n_train=50, validation_as=100)
 GETTEXT_DE_2K = LowResourceSplits("gettext_de", 2000, 500)
 
 
@@ -115,18 +128,22 @@ def low_resource_tasks(vocabulary: Any, prefix: str = "") -> list[FinetuneTask]:
     """The low-resource tasks (unregistered), tokenizing with `vocabulary`."""
     tok, p = tokenize_text_to_text, functools.partial
     en_de = translate_prefix("en", "de")
+    bbc = [FinetuneTask(f"{prefix}bbc_topic_{spec.n_train}", spec.source,
+                        [offline.bbc_topic_format, tok], vocabulary,
+                        (metrics.accuracy, p(macro_f1, num_classes=len(offline.BBC_CATEGORIES))),
+                        label_names=offline.BBC_CATEGORIES, encoder_pair_fn=offline.bbc_pair,
+                        description=f"BBC News topic from {spec.n_train} labelled articles "
+                                    f"({spec.n_train // 5} per class); 1,000 validation articles",
+                        input_prefix="topic: ") for spec in (BBC_200, BBC_50)]
+    spam = [FinetuneTask(f"{prefix}spam_{spec.n_train}", spec.source, [offline.spam_format, tok],
+                         vocabulary, (f1_with_invalid, metrics.accuracy),
+                         label_names=offline.SPAM_LABELS, encoder_pair_fn=offline.spam_pair,
+                         description=f"SpamAssassin from {spec.n_train} labelled e-mails "
+                                     f"({spec.n_train // 2} ham, {spec.n_train // 2} spam); "
+                                     "1,000 validation e-mails, F1 of spam")
+            for spec in (SPAM_100, SPAM_50)]
     return [
-        FinetuneTask(f"{prefix}bbc_topic_200", BBC_200.source, [offline.bbc_topic_format, tok],
-                     vocabulary, (metrics.accuracy,
-                                  p(macro_f1, num_classes=len(offline.BBC_CATEGORIES))),
-                     label_names=offline.BBC_CATEGORIES, encoder_pair_fn=offline.bbc_pair,
-                     description="BBC News topic from 200 labelled articles (40 per class); "
-                                 "1,000 validation articles", input_prefix="topic: "),
-        FinetuneTask(f"{prefix}spam_100", SPAM_100.source, [offline.spam_format, tok],
-                     vocabulary, (f1_with_invalid, metrics.accuracy),
-                     label_names=offline.SPAM_LABELS, encoder_pair_fn=offline.spam_pair,
-                     description="SpamAssassin from 100 labelled e-mails (50 ham, 50 spam); "
-                                 "1,000 validation e-mails, F1 of spam"),
+        *bbc, *spam,
         FinetuneTask(f"{prefix}gettext_en_de_2k", GETTEXT_DE_2K.source,
                      [p(translate_format, source="en", target="de"), tok], vocabulary,
                      (metrics.bleu,), description="software messages English -> German from "

@@ -16,7 +16,8 @@ Registered at import, read only when used (an unbuilt corpus is a one-line error
 * ``micro_mlm_nsp``, ``micro_mlm`` (BERT MLM, whole word; documents = records, sentences
   split at ". ") and ``micro_ltr``, with `micro_wordpiece`;
 * each one's ``<name>_validation`` twin over the held-out documents;
-* the low-resource downstream tasks ``micro_bbc_topic_200``, ``micro_spam_100`` and
+* the low-resource downstream tasks ``micro_bbc_topic_200``, ``micro_spam_100``, their
+  50-label subsets ``micro_bbc_topic_50`` and ``micro_spam_50``, and
   ``micro_gettext_en_de_2k`` (`low_resource`) with `micro_sentencepiece`.
 """
 from __future__ import annotations
