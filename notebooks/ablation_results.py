@@ -97,3 +97,16 @@ print(len(micro), "rendered at micro:", ", ".join(micro))
 for name in micro:
     display(Markdown((ABLATIONS / f"{name}.md").read_text(encoding="utf-8")))
     show_png(ABLATIONS / f"{name}.png")
+
+
+# %% [markdown]
+# ## Every micro table against its control
+#
+# Each pretrained row's Average minus its table's control, against twice that table's pooled
+# seed sd (grey band): the margin issue 22 asked pretraining to clear at this scale. Rendered
+# by `python -m t2t.ablations.overview` from the same cells.
+
+# %%
+display(Markdown((ABLATIONS / "micro_overview.md").read_text(encoding="utf-8")
+                 .split("\n![")[0]))
+show_png(ABLATIONS / "micro_overview.png")
