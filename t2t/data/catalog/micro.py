@@ -18,7 +18,9 @@ Registered at import, read only when used (an unbuilt corpus is a one-line error
 * each one's ``<name>_validation`` twin over the held-out documents;
 * the low-resource downstream tasks ``micro_bbc_topic_200``, ``micro_spam_100``, their
   50-label subsets ``micro_bbc_topic_50`` and ``micro_spam_50``, and
-  ``micro_gettext_en_de_2k`` (`low_resource`) with `micro_sentencepiece`.
+  ``micro_gettext_en_de_2k`` (`low_resource`) with `micro_sentencepiece`;
+* ``micro_bible_genre_180``, the in-domain one (`bible_genre`): a WEB verse's genre, scored
+  on verses of chapters this corpus holds out.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from t2t.data import vocab_training
-from t2t.data.catalog import builders, corpora, low_resource
+from t2t.data.catalog import bible_genre, builders, corpora, low_resource
 from t2t.data.catalog.builders import Builder, BuildError
 from t2t.data.catalog.paper import sentences
 from t2t.data.sources import BundledSource, JsonlSource
@@ -193,3 +195,4 @@ def register_micro_tasks(sentencepiece: Any = micro_sentencepiece,
 
 register_micro_tasks()
 low_resource.register_low_resource_tasks(micro_sentencepiece, prefix="micro_")
+register_task(bible_genre.bible_genre_task(micro_sentencepiece, prefix="micro_"))
