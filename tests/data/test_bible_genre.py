@@ -25,6 +25,7 @@ def test_validation_is_held_out_of_pretraining_and_train_is_balanced_and_fixed()
     assert all(len(v["text"].split()) >= bible_genre.MIN_WORDS for v in train + validation)
     assert len(collections.Counter(v["genre"] for v in validation)) == 6
     bible_genre.records.cache_clear()
+    bible_genre._pools.cache_clear()
     assert bible_genre.records("train") == train               # not the run's seed: fixed
     with pytest.raises(ValueError, match="split must be train or validation, not 'test'"):
         bible_genre.records("test")

@@ -49,16 +49,25 @@ def held_out(verse_id: str) -> bool:
 
 
 @functools.cache
+def _pools() -> dict[str, list[dict]]:
+    """Every WEB verse of `MIN_WORDS` or more as ``{"id", "text", "genre"}``, by whether its
+    chapter was pretrained on ("train") or held out ("validation")."""
+    pools: dict[str, list[dict]] = {"train": [], "validation": []}
+    for v in BundledSource("web", "verse"):
+        if len(v["text"].split()) >= MIN_WORDS:
+            pools["validation" if held_out(v["id"]) else "train"].append(
+                {"id": v["id"], "text": v["text"], "genre": GENRE_OF[v["id"].split(".")[0]]})
+    return pools
+
+
+@functools.cache
 def records(split: str) -> tuple[dict, ...]:
     """``{"id", "text", "genre"}`` verses of `split` (train or validation)."""
     if split not in ("train", "validation"):
         raise ValueError(f"split must be train or validation, not {split!r}")
-    verses = [{"id": v["id"], "text": v["text"], "genre": GENRE_OF[v["id"].split(".")[0]]}
-              for v in BundledSource("web", "verse") if len(v["text"].split()) >= MIN_WORDS]
+    pool = _pools()[split]
     if split == "validation":
-        pool = [v for v in verses if held_out(v["id"])]
         return tuple(pool[i] for i in low_resource.hash_order(len(pool))[:N_VALIDATION])
-    pool = [v for v in verses if not held_out(v["id"])]
     picked = low_resource.balanced_sample([v["genre"] for v in pool], N_TRAIN, len(pool))
     return tuple(pool[i] for i in picked)
 

@@ -106,9 +106,8 @@ def _records(spec: LowResourceSplits, split: str) -> list[dict]:
         return _read_all(spec.dataset, "test")
     train = _read_all(spec.dataset, "train")
     labels = None if spec.label_of is None else [spec.label_of(r) for r in train]
-    picked = balanced_sample(labels, spec.n_train, len(train))
     if split == "train":
-        return [train[i] for i in picked]
+        return [train[i] for i in balanced_sample(labels, spec.n_train, len(train))]
     # a larger sample holds this one (the same hash order, the first of each class), so its
     # validation set is disjoint from this sample too
     chosen = set(balanced_sample(labels, spec.validation_as or spec.n_train, len(train)))
@@ -133,14 +132,15 @@ def low_resource_tasks(vocabulary: Any, prefix: str = "") -> list[FinetuneTask]:
                         (metrics.accuracy, p(macro_f1, num_classes=len(offline.BBC_CATEGORIES))),
                         label_names=offline.BBC_CATEGORIES, encoder_pair_fn=offline.bbc_pair,
                         description=f"BBC News topic from {spec.n_train} labelled articles "
-                                    f"({spec.n_train // 5} per class); 1,000 validation articles",
+                                    f"({spec.n_train // len(offline.BBC_CATEGORIES)} per "
+                                    f"class); {spec.n_validation:,} validation articles",
                         input_prefix="topic: ") for spec in (BBC_200, BBC_50)]
     spam = [FinetuneTask(f"{prefix}spam_{spec.n_train}", spec.source, [offline.spam_format, tok],
                          vocabulary, (f1_with_invalid, metrics.accuracy),
                          label_names=offline.SPAM_LABELS, encoder_pair_fn=offline.spam_pair,
                          description=f"SpamAssassin from {spec.n_train} labelled e-mails "
                                      f"({spec.n_train // 2} ham, {spec.n_train // 2} spam); "
-                                     "1,000 validation e-mails, F1 of spam")
+                                     f"{spec.n_validation:,} validation e-mails, F1 of spam")
             for spec in (SPAM_100, SPAM_50)]
     return [
         *bbc, *spam,
