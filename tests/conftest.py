@@ -3,6 +3,8 @@
 Both must be set before JAX initialises its backends, so this runs at import.
 """
 import os
+import shutil
+import tempfile
 
 from tests.jax_setup import CACHE_SETTINGS, xla_flags
 
@@ -17,6 +19,27 @@ for _name, _value in CACHE_SETTINGS.items():
 
 import gin  # noqa: E402
 import pytest  # noqa: E402
+
+# What t2t keeps per machine, datasets (`t2t data build`) and the per-machine cache (vocabularies,
+# the measured matmul peak), starts empty in every session, as on a fresh machine: a test that
+# needs a dataset or a vocabulary builds it or a stand-in, whatever an earlier run left in
+# ~/.cache/t2t. (The compilation cache above is kept: it changes how fast, not what, runs.)
+MACHINE_STATE = ("T2T_DATA_DIR", "T2T_CACHE_DIR")
+_state_roots = []
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):           # an xdist worker: the controller set them
+        return
+    root = tempfile.mkdtemp(prefix="t2t-tests-")
+    _state_roots.append(root)
+    for name in MACHINE_STATE:
+        os.environ[name] = os.path.join(root, name.lower())
+
+
+def pytest_unconfigure(config):
+    while _state_roots:
+        shutil.rmtree(_state_roots.pop(), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -282,7 +282,10 @@ def batch_geometry(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, int]:
 
 class _Preemption:
     """Turns SIGTERM (a preempted TPU VM) and a first Ctrl-C (SIGINT) into a flag the loop
-    checks after each step: it then saves and stops. A second Ctrl-C aborts at once."""
+    checks after each step: it then saves and stops. A second Ctrl-C aborts at once.
+
+    A signal that was ignored when the run started stays ignored: a job started under
+    `nohup` or by a batch system that ignores SIGINT is not made interruptible by Ctrl-C."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -292,6 +295,8 @@ class _Preemption:
 
     def __enter__(self):
         for signum in self.SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread

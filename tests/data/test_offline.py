@@ -2,7 +2,6 @@
 paraphrase set), built datasets from tiny fixtures in the builders' format, the error for an
 unbuilt one, and the BERT encoder features."""
 import collections
-import json
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from t2t.data.converters import EncDecConverter
 from t2t.data.tasks import get_task, registered_tasks
 from t2t.data.catalog.bible import bible_sentencepiece
 from t2t.train.evaluator import compute_metrics
+from tests.data.helpers import write_offline_datasets
 
 SIZES = {  # as documented in t2t.data.catalog.offline
     "bible_translate_en_es": (27850, 1678, 1549),
@@ -31,45 +31,10 @@ def tasks(spm):
     return {t.name: t for t in offline.offline_tasks(spm)}
 
 
-BBC = {
-    "train": [("business", "Shares rise", "Markets rose today."),
-              ("sports", "Team wins", "The team won the cup.")],
-    "validation": [("tech", "New phone", "A phone was launched.\nIt is fast."),
-                   ("politics", "Vote held", "People voted."),
-                   ("entertainment", "Film hit", "The film was a hit."),
-                   ("sports", "Final lost", "They lost the final.")],
-    "test": [("business", "Bank fails", "A bank failed.")],
-}
-SPAM = {
-    "train": [("ham", "Re: lunch", "See you at noon."), ("spam", "WIN", "Click now!")],
-    "validation": [("ham", "notes", "Minutes attached."), ("ham", "Re: bug", "Fixed it."),
-                   ("ham", "hi", "How are you?"), ("spam", "Cheap pills", "Buy now.")],
-    "test": [("spam", "Prize", "You won a prize!")],
-}
-GETTEXT = {"train": [("Save the file", "Datei speichern")],
-           "validation": [("Remove all files in the directory",
-                           "Alle Dateien im Verzeichnis entfernen"),
-                          ("Could not open the input file", "Eingabedatei konnte nicht "
-                           "geöffnet werden")],
-           "test": [("Print the help text", "Hilfetext ausgeben")]}
-
-
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
     """A ``$T2T_DATA_DIR`` holding tiny bbc, spam and gettext_de in the builders' format."""
-    records = {
-        "bbc": {s: [{"id": f"{c}/{i:03d}", "category": c, "headline": h, "text": t}
-                    for i, (c, h, t) in enumerate(rows)] for s, rows in BBC.items()},
-        "spam": {s: [{"id": f"g/{i}", "label": lab, "group": "g", "subject": sub, "text": t}
-                     for i, (lab, sub, t) in enumerate(rows)] for s, rows in SPAM.items()},
-        "gettext_de": {s: [{"en": en, "de": de, "domain": "tar"} for en, de in rows]
-                       for s, rows in GETTEXT.items()},
-    }
-    for name, splits in records.items():
-        out = tmp_path / name
-        out.mkdir()
-        counts = {s: builders.write_jsonl(rs, out / f"{s}.jsonl") for s, rs in splits.items()}
-        (out / builders.MANIFEST).write_text(json.dumps({"name": name, "counts": counts}))
+    write_offline_datasets(tmp_path)
     monkeypatch.setenv("T2T_DATA_DIR", str(tmp_path))
     return tmp_path
 

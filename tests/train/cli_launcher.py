@@ -2,7 +2,8 @@
 interrupt tests' launcher.
 
 SIGNAL_AFTER=k and SIGNAL=NAME send NAME once k steps have finished; WAIT_FOR_CHECKPOINT=s
-first waits until the (async) checkpoint of step s has been committed."""
+first waits until the (async) checkpoint of step s has been committed. The child handles
+Ctrl-C as a process started at a terminal does, whatever the suite's own SIGINT setting."""
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ from tests.jax_setup import cpu_env
 
 LAUNCHER = """
 import os, signal, sys, time
-import jax
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if the
+import jax                                                # suite runs with SIGINT ignored
 from t2t.train import trainer
 after = int(os.environ.get("SIGNAL_AFTER", "0"))
 if after:

@@ -63,13 +63,43 @@ def test_sigterm_exits_75_and_a_finished_run_says_so(tmp_path, monkeypatch, caps
             in capsys.readouterr().err)
 
 
-def test_a_second_ctrl_c_aborts_at_once():
+@pytest.fixture
+def sigint_handler():
+    """SIGINT handled by Python's default handler and SIGTERM by the system's for the test,
+    whatever the suite started with (a background job starts with SIGINT ignored), and put
+    back after it."""
+    before = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+              signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL)}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+def test_a_second_ctrl_c_aborts_at_once(sigint_handler):
+    def earlier(signum, frame):           # what the caller had: restored afterwards
+        raise AssertionError("the caller's handler ran during the run")
+
+    signal.signal(signal.SIGINT, earlier)
     with _Preemption() as preemption:
         signal.raise_signal(signal.SIGINT)
         assert preemption.requested == "SIGINT"
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is earlier
+
+
+def test_a_signal_ignored_at_the_start_stays_ignored(sigint_handler):
+    """Under nohup or a batch system that ignores SIGINT, Ctrl-C neither stops the run nor
+    aborts it; SIGTERM, still handled, asks it to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with _Preemption() as preemption:
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        assert preemption.requested is None
+        signal.raise_signal(signal.SIGTERM)
+        assert preemption.requested == "SIGTERM"
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_resumed_logger_drops_the_rows_it_replays(tmp_path):
