@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -10,7 +11,8 @@ import tempfile
 import traceback
 from typing import List, Optional
 
-from t2t.errors import EXIT_PREEMPTED, EXIT_USAGE, UserError
+from t2t.errors import (EXIT_DISK_FULL, EXIT_INTERNAL, EXIT_PREEMPTED, EXIT_USAGE, DiskFullError,
+                        UserError)
 
 ABLATION_OUT_DIR = "runs/ablations"   # `t2t ablate --out_dir` default
 ERROR_LOG = os.path.join(tempfile.gettempdir(), "t2t-error.log")   # the last error's traceback
@@ -81,8 +83,20 @@ def cmd_train(args) -> int:
     from t2t.run import experiment
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     _parse_gin(args)
-    result = experiment.run()
+    with _model_dir_lock(args):
+        result = experiment.run()
     return EXIT_PREEMPTED if result.stopped_by == "preempted" else 0
+
+
+def _model_dir_lock(args):
+    """MODEL_DIR/.t2t.lock for the run (t2t.train.run_lock): one run per MODEL_DIR."""
+    from t2t.run import gin_utils
+    from t2t.train import run_lock
+    model_dir = gin_utils.query_macro("MODEL_DIR")
+    if not isinstance(model_dir, str) or not model_dir:   # the run itself says what is wrong
+        return contextlib.nullcontext()
+    command = " ".join(["t2t", *map(shlex.quote, getattr(args, "argv", [args.command]))])
+    return run_lock.model_dir_lock(model_dir, command)
 
 
 def _parse_finetune_gin(args, required=("MODEL_DIR",)) -> None:
@@ -96,7 +110,8 @@ def cmd_finetune(args) -> int:
     from t2t.run import finetune
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     _parse_finetune_gin(args, required=("MODEL_DIR", "INITIAL_CHECKPOINT"))
-    out = finetune.run(args.split or None)
+    with _model_dir_lock(args):
+        out = finetune.run(args.split or None)
     return EXIT_PREEMPTED if out["result"].stopped_by == "preempted" else 0
 
 
@@ -285,8 +300,9 @@ def cmd_ablate(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="t2t", description=__doc__,
-        epilog="--verbose (anywhere): tracebacks and debug logs. Exit codes: 0 done, 2 bad "
-               "input, 75 preempted (SIGTERM or Ctrl-C; saved, rerun to resume), 130 aborted.")
+        epilog="--verbose (anywhere): tracebacks and debug logs. Exit codes: 0 done, 1 "
+               "internal error, 2 bad input, 74 disk full during a checkpoint save, 75 preempted "
+               "(SIGTERM or Ctrl-C; saved, rerun to resume), 130 aborted.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_gin(p):
@@ -390,15 +406,50 @@ def build_parser() -> argparse.ArgumentParser:
 def configure_logging(verbose: bool = False) -> None:
     """t2t's progress lines ("compiling the train step", "resumed from step N") to stderr as
     plain lines; library chatter at WARNING (DEBUG everything with --verbose); orbax's
-    "Metadata file does not exist" warning on every restore, which is expected, silenced."""
+    "Metadata file does not exist" warning on every restore, which is expected, silenced, and
+    without --verbose its tracebacks of failed background writes (the error is reported)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     t2t_log = logging.getLogger("t2t")
     t2t_log.handlers[:] = [handler]
     t2t_log.setLevel(logging.DEBUG if verbose else logging.INFO)
     t2t_log.propagate = False
-    logging.getLogger("absl").addFilter(
-        lambda record: "Metadata file does not exist" not in record.getMessage())
+    absl_log = logging.getLogger("absl")
+    absl_log.addFilter(lambda record: "Metadata file does not exist" not in record.getMessage())
+    for name in ("absl", "asyncio"):     # asyncio: "exception was never retrieved"
+        if verbose:
+            logging.getLogger(name).removeFilter(_quiet_orbax_failures)
+        else:
+            logging.getLogger(name).addFilter(_quiet_orbax_failures)
+
+
+def _quiet_closed_event_loops() -> None:
+    """Drops the "Event loop is closed" RuntimeErrors that tensorstore's write callbacks raise
+    into an event loop orbax has closed after a failed background write (a full disk): they
+    come after the failure, which t2t reports in one line. Any other unraisable exception
+    goes to the hook there was."""
+    previous = sys.unraisablehook
+    if getattr(previous, "t2t_quiet", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.t2t_quiet = True
+    sys.unraisablehook = hook
+
+
+def _quiet_orbax_failures(record: logging.LogRecord) -> bool:
+    """Drops log records whose traceback runs through orbax: orbax logs each failed
+    background write of a checkpoint (a full disk, say) with its traceback, asyncio the
+    write futures nobody read, and the error is raised where the run waits for the save:
+    t2t reports it there in one line (--verbose keeps them)."""
+    if not record.exc_info or record.exc_info[2] is None:
+        return True
+    where = f"{os.sep}orbax{os.sep}"
+    return not any(where in frame.filename for frame in traceback.extract_tb(record.exc_info[2]))
 
 
 def _report_error(command: str, error: BaseException, summary: str) -> None:
@@ -413,10 +464,20 @@ def _report_error(command: str, error: BaseException, summary: str) -> None:
     print(f"t2t {command}: error: {summary}{where}", file=sys.stderr)
 
 
+def _internal_error(command: str, error: BaseException) -> int:
+    """Any other exception: `internal error: TYPE: message` in one line, traceback in the log."""
+    message = str(error).strip().splitlines()
+    summary = f"internal error: {type(error).__name__}" + (f": {message[0]}" if message else "")
+    _report_error(command, error, summary)
+    return EXIT_INTERNAL
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Exit codes: 0 done, 2 bad input (one line on stderr), 75 stopped by SIGTERM/Ctrl-C after
-    saving a checkpoint (run the same command again to resume), 130 aborted by a second
-    Ctrl-C."""
+    """Exit codes: 0 done, 1 internal error (one line on stderr, the traceback in ERROR_LOG),
+    2 bad input (one line on stderr), 74 the disk filled up during a checkpoint save (one
+    line), 75 stopped by SIGTERM/Ctrl-C after saving a checkpoint (run the same command again
+    to resume), 130 aborted by a second Ctrl-C. --verbose raises instead of printing one
+    line."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["launch"]:   # its own argparse; the command after `--` passes untouched
         from t2t.launch import cli as launch_cli
@@ -424,15 +485,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
+    if not verbose:
+        _quiet_closed_event_loops()
     if argv[:1] != ["compile"]:   # compile targets TPU topologies through libtpu itself
         from t2t import platforms
         platforms.set_default_platforms()
     if argv[:1] == ["data"]:  # its own argparse, --help included
         from t2t.data.catalog import builders
-        return builders.main(argv[1:])
+        try:
+            return builders.main(argv[1:])
+        except Exception as e:    # BuildError is its own line; anything else is internal
+            if verbose:
+                raise
+            return _internal_error("data", e)
     bindings, rest = _gin_args(argv)
     args = build_parser().parse_args(rest)
     args.gin_bindings = bindings
+    args.argv = argv
     try:
         if args.command != "compile":   # AOT executables for compile-only devices: not cached
             platforms.enable_compilation_cache()
@@ -442,6 +511,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"t2t {args.command}: aborted", file=sys.stderr)
         return 130
+    except DiskFullError as e:
+        if verbose:
+            raise
+        _report_error(args.command, e, e.summary)
+        return EXIT_DISK_FULL
     except (UserError, FileNotFoundError) as e:
         if verbose:
             raise
@@ -450,10 +524,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ValueError, RuntimeError, TypeError) as e:   # gin's own errors, in one line
         from t2t.run import gin_utils
         summary = gin_utils.error_summary(e)
-        if verbose or summary is None:
+        if verbose:
             raise
+        if summary is None:
+            return _internal_error(args.command, e)
         _report_error(args.command, e, summary)
         return EXIT_USAGE
+    except Exception as e:      # a bug (t2t's or a library's): one line, traceback in the log
+        if verbose:
+            raise
+        return _internal_error(args.command, e)
 
 
 if __name__ == "__main__":

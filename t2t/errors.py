@@ -10,6 +10,13 @@ from __future__ import annotations
 EXIT_PREEMPTED = 75
 # Bad input (config, checkpoint, file, argument), reported in one line.
 EXIT_USAGE = 2
+# `t2t train` / `t2t finetune`: the disk (or bucket) filled up while a checkpoint was being
+# saved; one line names the directory, the step not saved and the newest intact step
+# (EX_IOERR). Free space and run the same command again to resume from the intact step.
+EXIT_DISK_FULL = 74
+# Anything else that went wrong (a bug in t2t or a library it uses): one line on stderr,
+# `t2t COMMAND: error: internal error: TYPE: message`, the traceback in the error log.
+EXIT_INTERNAL = 1
 
 
 class UserError(Exception):
@@ -34,3 +41,7 @@ class CheckpointMismatchError(UserError, ValueError):
 
 class InputFileError(UserError, ValueError):
     """A user-supplied input file that cannot be read as asked (encoding, emptiness)."""
+
+
+class DiskFullError(UserError):
+    """No space left where a checkpoint was being written (exit EXIT_DISK_FULL, not 2)."""

@@ -7,9 +7,16 @@ the manager keeps the newest ``keep`` steps. Restore takes an abstract target
 (``jax.ShapeDtypeStruct`` leaves *with shardings*), so a checkpoint written on one mesh
 restores onto any other; stored shapes and dtypes are checked against the target first,
 with an error naming every mismatching parameter.
+
+A step directory that cannot be read (truncated or corrupt files) is never deleted:
+``set_aside`` renames it ``N.unreadable`` (a name orbax does not take for a step), so that
+training resumes from an older step and saves step N again beside the damaged copy. A save
+that fails for want of space (ENOSPC, also as tensorstore's message through orbax) is a
+DiskFullError naming the directory, the step not saved and the newest intact step.
 """
 from __future__ import annotations
 
+import errno
 import functools
 from typing import Any, Optional
 
@@ -21,10 +28,11 @@ from orbax.checkpoint._src.metadata import array_metadata_store
 from orbax.checkpoint._src.serialization import type_handler_registry
 
 from t2t import storage
-from t2t.errors import CheckpointMismatchError
+from t2t.errors import CheckpointMismatchError, DiskFullError
 
 PyTree = Any
 STATE, DATA, CONFIG = "state", "data", "config"
+UNREADABLE = ".unreadable"   # suffix of a step directory set aside as unreadable
 
 
 def _path(path) -> str:
@@ -120,6 +128,32 @@ def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str
             "bindings, or start in a new MODEL_DIR")
 
 
+def _files(directory):
+    """Every file under `directory` (an epath.Path), depth first."""
+    for child in sorted(directory.iterdir()):
+        if child.is_dir():
+            yield from _files(child)
+        else:
+            yield child
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, says the disk is full: an OSError
+    with errno ENOSPC, or a message (tensorstore's, through orbax) saying "No space left on
+    device" or RESOURCE_EXHAUSTED about anything but memory."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        text = str(error)
+        if "No space left on device" in text or (
+                "RESOURCE_EXHAUSTED" in text and "memory" not in text.lower()):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 @functools.cache
 def _write_whole_shards_in_one_process() -> None:
     """In a single process, each replicated shard is written whole from one replica.
@@ -151,6 +185,7 @@ class Checkpointer:
                     CONFIG: ocp.JsonCheckpointHandler()}
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_handlers=handlers)
+        self._pending: Optional[int] = None   # the step of the save under way, if any
 
     def save(self, step: int, state: PyTree, data_state: Optional[dict] = None,
              config_str: Optional[str] = None, force: bool = False) -> bool:
@@ -161,7 +196,34 @@ class Checkpointer:
             items[DATA] = ocp.args.JsonSave(data_state)
         if config_str is not None:
             items[CONFIG] = ocp.args.JsonSave({"gin": config_str})
-        return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+        self.wait()                       # the pending save's own error names its own step
+        self._pending = int(step)
+        try:
+            saved = self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+        except Exception as e:
+            self._raise_if_disk_full(e)
+            raise
+        if not saved:
+            self._pending = None
+        return saved
+
+    def _raise_if_disk_full(self, error: BaseException) -> None:
+        """A DiskFullError (one line: the directory, the step not saved, the newest intact
+        step) from `error` if it says the disk is full; nothing otherwise."""
+        step, self._pending = self._pending, None
+        if not is_disk_full(error):
+            return
+        try:
+            self._manager.reload()        # the steps whose directories are whole on disk
+            intact = [s for s in self._manager.all_steps() if s != step]
+        except Exception:  # noqa: BLE001  as little as possible after a failed write
+            intact = []
+        newest = (f"the newest intact checkpoint is step {max(intact)}" if intact else
+                  "no checkpoint is intact yet")
+        raise DiskFullError(f"no space left on the device of {self.directory}: step {step} "
+                            f"was not saved and {newest}; free space (or keep fewer "
+                            "checkpoints), then run the same command to resume",
+                            str(error)) from error
 
     def latest_step(self) -> Optional[int]:
         return self._manager.latest_step()
@@ -180,7 +242,7 @@ class Checkpointer:
                 allow_dtype_cast: bool = False) -> tuple[PyTree, Optional[dict]]:
         """Restores (state, data_state) of ``step`` (None = latest) onto the shardings of
         ``abstract_state`` (ShapeDtypeStruct leaves with ``sharding=``, or arrays)."""
-        self._manager.wait_until_finished()  # a pending save of this step must land first
+        self.wait()                          # a pending save of this step must land first
         step = self._step(step)
         target = _as_abstract(abstract_state)
         metadata = self._manager.item_metadata(step)
@@ -192,8 +254,39 @@ class Checkpointer:
         has_data = DATA in metadata.keys()  # the JSON item's metadata itself is None
         if has_data:
             items[DATA] = ocp.args.JsonRestore()
+        if CONFIG in metadata.keys():       # read too: a step is whole only if all of it reads
+            items[CONFIG] = ocp.args.JsonRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         return restored[STATE], (restored[DATA] if has_data else None)
+
+    def set_aside(self, step: int) -> str:
+        """Renames ``step``'s directory ``N.unreadable`` (``N.unreadable.1``, ... if taken),
+        keeping every file, and forgets the step: the path it now has. Process 0 renames;
+        every process waits for it."""
+        self.wait()
+        root = storage.path(self.directory)
+        target = root / f"{int(step)}{UNREADABLE}"
+        n = 0
+        while target.exists():
+            n += 1
+            target = root / f"{int(step)}{UNREADABLE}.{n}"
+        source = root / str(int(step))
+        if jax.process_index() != 0:
+            pass
+        elif storage.is_remote(self.directory):
+            # An object store has no rename: every file copied, then the originals deleted
+            # (gcsfs's own rename first tries a move API that flat buckets refuse, slowly).
+            for file in _files(source):
+                copy = target / file.relative_to(source)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                file.copy(copy)
+            source.rmtree()
+        else:
+            source.rename(target)
+        if jax.process_count() > 1:
+            ocp.multihost.sync_global_processes(f"t2t_set_aside_{int(step)}")
+        self._manager.reload()
+        return str(target)
 
     def config_str(self, step: Optional[int] = None) -> Optional[str]:
         """The config string saved with ``step`` (None = latest), if any."""
@@ -205,11 +298,17 @@ class Checkpointer:
         return restored[CONFIG]["gin"]
 
     def wait(self) -> None:
-        """Blocks until the pending async save has been committed."""
-        self._manager.wait_until_finished()
+        """Blocks until the pending async save has been committed; a DiskFullError if it
+        failed for want of space."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            self._raise_if_disk_full(e)
+            raise
+        self._pending = None
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        self.wait()
         self._manager.close()
 
     def __enter__(self) -> "Checkpointer":

@@ -22,7 +22,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from t2t.errors import CheckpointMismatchError, ConfigError
+from t2t.errors import CheckpointMismatchError, ConfigError, UserError
 from t2t.models.base import Model
 from t2t.train import flops as flops_lib
 from t2t.train import param_views, partitioning
@@ -364,6 +364,53 @@ def restore(ckpt: Checkpointer, step: int, trainer: Trainer,
     return old.replace(opt_state=opt_state), data_state
 
 
+def _reason(error: BaseException) -> str:
+    """An exception as one short line: `TYPE: first line` (at most 200 characters) of the
+    error it was raised from, if any (orbax wraps tensorstore's own message)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def restore_newest_readable(ckpt: Checkpointer, trainer: Trainer, state: TrainState
+                            ) -> Tuple[Optional[int], TrainState, Optional[dict]]:
+    """(step, state, data state) of the newest checkpoint that can be read; (None, `state`,
+    None) when there is none at all.
+
+    A newer step whose files cannot be read (truncated, corrupt: orbax's FAILED_PRECONDITION,
+    a JSON error, ...) is logged in one line and set aside, not deleted: its directory is
+    renamed `N.unreadable` (`Checkpointer.set_aside`), so its files stay on disk for a look,
+    the retention of `keep_checkpoints` never counts or deletes it, and the resumed run saves
+    step N again beside it. When no step can be read nothing is renamed and the error is a
+    UserError saying so. A checkpoint that reads but does not fit the model
+    (CheckpointMismatchError) is not damage: it is raised as it is."""
+    unreadable = []
+    for step in reversed(ckpt.all_steps()):
+        try:
+            restored, data_state = restore(ckpt, step, trainer, state)
+        except (UserError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001  whatever a damaged file makes orbax raise
+            _log.debug("checkpoint %d cannot be read", step, exc_info=True)
+            unreadable.append((step, _reason(e)))
+            continue
+        for bad, reason in unreadable:
+            where = ckpt.set_aside(bad)
+            _log.warning("checkpoint %d cannot be read (%s): resuming from the newest readable "
+                         "one, step %d; the damaged files are kept in %s", bad, reason, step,
+                         where)
+        return step, restored, data_state
+    if unreadable:
+        steps = ", ".join(str(bad) for bad, _ in unreadable)
+        raise UserError(f"no checkpoint in {ckpt.directory} can be read (steps {steps}; step "
+                        f"{unreadable[0][0]}: {unreadable[0][1]}): copy intact ones back from a "
+                        "backup, or move the checkpoints directory aside to start from step 0",
+                        "\n".join(f"step {bad}: {reason}" for bad, reason in unreadable))
+    return None, state, None
+
+
 def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Iterator]] = None,
         config_str: str = "") -> TrainResult:
     """Train to `config.train_steps`, resuming from the model dir's latest checkpoint.
@@ -381,9 +428,8 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
 
     ckpt = Checkpointer(f"{cfg.model_dir}/checkpoints", keep=cfg.keep_checkpoints,
                         async_save=cfg.async_checkpoint)
-    start = ckpt.latest_step()
+    start, state, data_state = restore_newest_readable(ckpt, trainer, state)
     if start is not None:
-        state, data_state = restore(ckpt, start, trainer, state)
         if data_state is not None:
             train_data.set_state(data_state)
         if start >= cfg.train_steps:

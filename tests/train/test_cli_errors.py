@@ -264,3 +264,39 @@ def test_a_misspelt_gin_file_names_the_nearest_shipped_ones(capsys):
     assert "did you mean experiments/t5_tiny_bible.gin," in err
     assert main(["ablate", "configs/ablations/t5_tabel2.gin", "--scale=tiny", "--list"]) == 2
     assert "did you mean ablations/t5_table2.gin" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("error", [KeyError("x"), OSError(5, "Input/output error")])
+def test_any_other_error_is_one_internal_error_line_with_the_traceback_in_the_log(
+        tmp_path, monkeypatch, capsys, error):
+    from t2t.run import experiment
+
+    def broken():
+        raise error
+
+    monkeypatch.setattr(experiment, "run", broken)
+    argv = T5 + [f"--gin.MODEL_DIR={tmp_path}/run"]
+    assert main(argv) == errors.EXIT_INTERNAL == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    name = type(error).__name__
+    assert err.startswith(f"t2t train: error: internal error: {name}: {error}"), err
+    assert err.endswith(f"(details: {ERROR_LOG}, or rerun with --verbose)")
+    log = open(ERROR_LOG).read()
+    assert "Traceback" in log and "in broken" in log
+    with pytest.raises(type(error)):                 # --verbose: raised as it is
+        main(argv + ["--verbose"])
+
+
+def test_t2t_data_reports_an_internal_error_in_one_line_too(monkeypatch, capsys):
+    from t2t.data.catalog import builders
+
+    def broken(*args, **kwargs):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(builders, "build", broken)
+    assert main(["data", "build", "sotu"]) == errors.EXIT_INTERNAL
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"t2t data: error: internal error: ConnectionResetError: [Errno "
+                                f"104] Connection reset by peer (details: {ERROR_LOG}, or rerun "
+                                "with --verbose)"]

@@ -1,6 +1,7 @@
 """MODEL_DIR in a bucket: checkpoints, metrics.jsonl, TensorBoard, config.gin and fine-tuning
 results go to gs:// (a local GCS emulator, tests/train/gcs_emulator.py) and come back."""
 import json
+import types
 
 import jax
 import numpy as np
@@ -10,10 +11,11 @@ from etils import epath
 from t2t import storage
 from t2t.run import gin_utils
 from t2t.errors import UserError
-from t2t.train import evaluator
+from t2t.train import evaluator, run_lock
 from t2t.run import experiment, finetune
 from t2t.train.checkpoints import Checkpointer
 from t2t.train.metrics_log import read_metrics, read_tensorboard_scalars
+from t2t.train.trainer import restore_newest_readable
 from tests.train.gcs_emulator import emulated_gcs
 
 
@@ -94,3 +96,35 @@ def test_train_cli_without_gcsfs_says_so_in_one_line(monkeypatch, capsys):
     errors = [line for line in err.splitlines() if "error" in line]   # after progress lines
     assert code == 2 and len(errors) == 1 and "Traceback" not in err
     assert "MODEL_DIR gs://nobucket/run needs gcsfs: pip install 't2t[gcs]' (gcsfs)" in errors[0]
+
+
+def test_a_lock_in_the_bucket_blocks_a_second_run_until_released(bucket):
+    """Best-effort in a bucket (read, then write): a held lock still stops a second run."""
+    first = run_lock.RunLock(f"{bucket}/locked", "t2t train first")
+    first.acquire()
+    assert json.loads(epath.Path(f"{bucket}/locked/.t2t.lock").read_text())["command"] \
+        == "t2t train first"
+    with pytest.raises(run_lock.ModelDirInUseError, match=r"is in use by pid \d+ on .* \(t2t "
+                                                          r"train first\); wait for it"):
+        run_lock.RunLock(f"{bucket}/locked", "t2t train second").acquire()
+    first.release()
+    assert not epath.Path(f"{bucket}/locked/.t2t.lock").exists()
+
+
+def test_an_unreadable_checkpoint_in_the_bucket_is_set_aside(bucket):
+    tree = {"w": np.arange(4, dtype=np.float32)}
+    directory = f"{bucket}/damaged/checkpoints"
+    with Checkpointer(directory, keep=3, async_save=False) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, jax.tree.map(lambda x: x + step, tree), {"epoch": step})
+    data = epath.Path(f"{directory}/2/data/metadata")
+    data.write_text(data.read_text()[:5])                   # truncated
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])), tree)
+    trainer = types.SimpleNamespace(abstract_state=lambda state: target, tx=None)
+    with Checkpointer(directory, keep=3, async_save=False) as ckpt:
+        step, state, data_state = restore_newest_readable(ckpt, trainer, None)
+        assert step == 1 and data_state == {"epoch": 1}
+        ckpt.save(2, state, {"epoch": 2})                    # step 2 is free again
+    assert epath.Path(f"{directory}/2.unreadable/data/metadata").read_text() == '{"epo'
+    assert Checkpointer(directory, async_save=False).all_steps() == [1, 2]
