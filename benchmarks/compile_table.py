@@ -1,16 +1,16 @@
-"""The README's TPU table: paper-size models x the TPU hardware configs, by `t2t compile`.
+"""docs/tpu.md's TPU table: paper-size models x the TPU hardware configs, by `t2t compile`.
 
 Each cell is one `t2t compile --json` subprocess (a compiler crash costs one cell, not the
 table): the model's paper pretraining setup (T5.1.1: span corruption, batch 128 x (512 + 114),
 Adafactor; BERT: MLM + NSP, batch 256 x 128, AdamW; GPT-2: causal LM, batch 512 x 1024,
 AdamW) on `configs/hardware/tpu_*.gin`. Vocabularies are the papers' padded to a multiple
 of 128, as t2t pads a task's vocabulary. Results accumulate in compile_table.json (a
-rerun compiles only missing cells); the table is written between the README's
-compile-table markers.
+rerun compiles only missing cells); the table is written between docs/tpu.md's
+compile-table markers (the kernel table between its kernel-table markers).
 
     python benchmarks/compile_table.py [--models t5_base,bert_base] [--hardware v4-8] [--redo]
     python benchmarks/compile_table.py --microbatches    # what makes the ✗ cells fit
-    python benchmarks/compile_table.py --render-only     # the README table from the JSON
+    python benchmarks/compile_table.py --render-only     # the docs table from the JSON
 
 A cell that does not fit can be compiled again with its global batch split into
 microbatches (TrainConfig.num_microbatches: gradients accumulated over 2, 4, ... passes, the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = Path(__file__).with_name("compile_table.json")
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "tpu.md"
 BEGIN, END = "<!-- compile-table:begin -->", "<!-- compile-table:end -->"
 KERNEL_BEGIN, KERNEL_END = "<!-- kernel-table:begin -->", "<!-- kernel-table:end -->"
 
@@ -52,7 +52,7 @@ MODELS = {   # name: (label, model gin, run setup)
 }
 # libtpu 0.0.42.1 crashes (SIGSEGV: a stack overflow in the convolution emitter's fusion-cost
 # recursion) compiling some bfloat16 steps with scanned layers; turning off its fusion of
-# producers into matmul inputs avoids it (README, "TPU: compile before you pay").
+# producers into matmul inputs avoids it (docs/tpu.md).
 LIBTPU_WORKAROUND = "--xla_jf_conv_input_fusion=false"
 # A model whose heads the hardware config's tensor axis does not divide (GPT-2 XL: 25) gets
 # tensor=1 with the same chips on fsdp; the cell records the override (its "overrides").
@@ -228,14 +228,14 @@ def render_kernels(cells: dict) -> str:
     return head + "\n".join(rows) + "".join(f"\nerror: {e}" for e in errors) + "\n"
 
 
-def write_readme(table: str, begin: str = BEGIN, end: str = END) -> None:
-    text = README.read_text()
+def write_page(table: str, begin: str = BEGIN, end: str = END) -> None:
+    text = PAGE.read_text()
     if begin not in text or end not in text:
-        print(f"README has no {begin} ... {end} markers; table not written", file=sys.stderr)
+        print(f"{PAGE} has no {begin} ... {end} markers; table not written", file=sys.stderr)
         return
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    README.write_text(head + begin + "\n" + table + end + tail)
+    PAGE.write_text(head + begin + "\n" + table + end + tail)
 
 
 def _store(key: str, cell: dict) -> None:
@@ -291,7 +291,7 @@ def main() -> int:
     for table, begin, end in tables:
         print(table)
         if not args.no_readme:
-            write_readme(table, begin, end)
+            write_page(table, begin, end)
     return 0
 
 

@@ -1,5 +1,6 @@
 """The README's claims that a fresh clone can check: its second command is what CI runs, and
-the main job's description matches the config it runs."""
+the main job's description matches the config it runs, and the README stays a front page
+(at most 250 lines, none over 400 characters)."""
 import pathlib
 import re
 
@@ -26,3 +27,13 @@ def test_main_job_description_matches_its_config():
     assert re.findall(r"\bbatch (\d+)", section) == [batch] * len(re.findall(r"\bbatch \d+",
                                                                                 section))
     assert "experiments/t5_tiny_bible.gin" in _bash_blocks()[0]
+
+
+def test_readme_is_a_front_page():
+    """The README is short: what t2t is, the two commands, a tour, links into docs/."""
+    lines = README.splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines (at most 250)"
+    long = [i + 1 for i, line in enumerate(lines) if len(line) > 400]
+    assert not long, f"README.md lines over 400 characters: {long}"
+    measured = [line for line in lines if line.startswith("Measured:")]
+    assert len(measured) == 1, "the Tests section's measurement is one line starting 'Measured:'"
