@@ -48,7 +48,8 @@ def test_t5_paper_cell_pretrains_on_mock_c4(path, key, tmp_path):
     assert stage["family"] == ("gpt" if "MODEL_FAMILY = 'gpt'" in cell.pretrain else "t5")
 
 
-def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):
+@pytest.mark.slow    # 36 s cold on 2 cores; CI runs a T5 paper cell's pretraining and BERT's
+def test_t5_paper_fine_tuning_runs_on_mock_glue(tmp_path):   # paper fine-tunings on mock GLUE
     """MNLI also checks the per-task dev split (validation_matched)."""
     grid = _t5_grid()
     cell = grid.select(["denoising-enc_dec_shared"])[0]

@@ -307,6 +307,7 @@ def _copy_batch(rng, n, length=6, vocab=16):
             "decoder_loss_weights": weights}
 
 
+@pytest.mark.slow    # 400 training steps (14 s); CI checks cached decoding against full passes
 def test_tiny_encoder_decoder_learns_to_copy():
     cfg = T5_TINY.replace(vocab_size=16, d_ff=64, position_embedding="learned", max_length=16)
     model = EncoderDecoderModel(cfg)

@@ -12,7 +12,6 @@ from t2t.errors import EXIT_PREEMPTED
 from t2t.train import curves
 from t2t.train.metrics_log import MetricsLogger
 from t2t.train.trainer import Trainer, _Preemption
-from tests.train.cli_launcher import run_t2t
 
 TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
         "--gin.TRAIN_STEPS=6", "--gin.BATCH_SIZE=4",
@@ -21,39 +20,45 @@ TINY = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/te
         "--gin.TrainConfig.progress_bar=False"]
 
 
-def t2t_train(model_dir, signal_name="", after=0):
-    return run_t2t(["train", *TINY, f"--gin.MODEL_DIR={model_dir}"], SIGNAL=signal_name,
-                   SIGNAL_AFTER=after)
+def signal_after(monkeypatch, signum, steps):
+    """The run sends itself `signum` once `steps` train steps have run (then never again)."""
+    original, done = Trainer.train_step, []
+
+    def step_then_signal(self, state, batch):
+        out = original(self, state, batch)
+        done.append(1)
+        if len(done) == steps:
+            os.kill(os.getpid(), signum)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
 
 
-def test_ctrl_c_saves_exits_75_and_the_rerun_resumes(tmp_path):
-    stopped = t2t_train(tmp_path, "SIGINT", after=3)
-    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr
-    assert "SIGINT: saved step 3; run the same command to resume" in stopped.stderr
+def test_ctrl_c_saves_exits_75_and_the_rerun_resumes(tmp_path, monkeypatch, capsys,
+                                                     sigint_handler):
+    """As at a terminal: the first Ctrl-C saves after the step and exits 75; the same command
+    resumes. (tests/train/test_resume.py kills a real subprocess; this runs in-process.)"""
+    signal_after(monkeypatch, signal.SIGINT, 3)
+    argv = ["train", *TINY, "--gin.BATCH_SIZE=8", f"--gin.MODEL_DIR={tmp_path}"]  # 8 devices
+    assert main(argv) == EXIT_PREEMPTED
+    stopped = capsys.readouterr().err
+    assert "Traceback" not in stopped
+    assert "SIGINT: saved step 3; run the same command to resume" in stopped
     assert os.listdir(tmp_path / "checkpoints") == ["3"]
 
-    resumed = t2t_train(tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from step 3 ({tmp_path})" in resumed.stderr
-    assert "Metadata file does not exist" not in resumed.stderr     # orbax's noise, silenced
+    assert main(argv) == 0
+    resumed = capsys.readouterr()
+    assert f"resumed from step 3 ({tmp_path})" in resumed.err
+    assert "Metadata file does not exist" not in resumed.err     # orbax's noise, silenced
     steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
     assert steps == [1, 2, 3, 4, 5, 6]                   # step 4's replay is not a duplicate
-    assert "loss" in resumed.stdout and " at step 1 -> " in resumed.stdout
+    assert "loss" in resumed.out and " at step 1 -> " in resumed.out
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_sigterm_exits_75_and_a_finished_run_says_so(tmp_path, monkeypatch, capsys):
-    original, done = Trainer.train_step, []
-
-    def step_then_preempt(self, state, batch):
-        out = original(self, state, batch)
-        done.append(1)
-        if len(done) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", step_then_preempt)
+def test_sigterm_exits_75_and_a_finished_run_says_so(tmp_path, monkeypatch, capsys,
+                                                     sigint_handler):
+    signal_after(monkeypatch, signal.SIGTERM, 2)
     argv = ["train", *TINY, "--gin.BATCH_SIZE=8", f"--gin.MODEL_DIR={tmp_path}"]  # 8 devices
     assert main(argv) == EXIT_PREEMPTED
     assert os.listdir(tmp_path / "checkpoints") == ["2"]

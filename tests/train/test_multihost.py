@@ -8,6 +8,9 @@ import sys
 import numpy as np
 import portpicker
 
+from t2t.cli import _gin_args
+from t2t.run import experiment, gin_utils
+from t2t.train import trainer
 from tests.jax_setup import cpu_env
 
 ARGS = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
@@ -22,34 +25,35 @@ ARGS = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/te
 
 # The single-process reference: the experiment of the same gin files, fed the
 # concatenation of what processes 0 and 1 of 2 read (their rows of each global batch).
-REFERENCE = """
-import sys
-import numpy as np
-from t2t.run import gin_utils
-from t2t.cli import _gin_args
-from t2t.train import trainer
-from t2t.run import experiment
-bindings, _ = _gin_args(sys.argv[1:])
-gin_utils.parse([a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--gin_file=")],
-                bindings)
-exp = experiment.experiment()
-
 class BothProcesses:
-    def __init__(self):
+    """Process 0's and process 1's batches side by side: the global batch one process with 8
+    devices sees."""
+
+    def __init__(self, exp):
         self.parts = [exp.data(0, 2), exp.data(1, 2)]
+
     def __iter__(self):
         return self
+
     def __next__(self):
         batches = [next(p) for p in self.parts]
         return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
     def get_state(self):
         return [p.get_state() for p in self.parts]
+
     def set_state(self, state):
         for p, s in zip(self.parts, state):
             p.set_state(s)
 
-trainer.fit(exp.trainer, BothProcesses())
-"""
+
+def _train_as_one_process(model_dir):
+    """The reference, in this process (8 fake devices, as conftest sets them)."""
+    bindings, _ = _gin_args([*ARGS, f"--gin.MODEL_DIR={model_dir}"])
+    gin_utils.parse([a.split("=", 1)[1] for a in ARGS if a.startswith("--gin_file=")],
+                    bindings)
+    exp = experiment.experiment()
+    trainer.fit(exp.trainer, BothProcesses(exp))
 
 
 def _losses(model_dir):
@@ -73,9 +77,7 @@ def test_two_processes_match_one(tmp_path):
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
 
-    ref = subprocess.run([sys.executable, "-c", REFERENCE, *ARGS, f"--gin.MODEL_DIR={single}"],
-                         env=cpu_env(8), capture_output=True, text=True, timeout=600)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    _train_as_one_process(single)
 
     got, want = _losses(multi), _losses(single)
     assert len(got) == len(want) == 4
