@@ -184,4 +184,4 @@ print(f"test accuracy: {before:.3f} before fine-tuning -> {after:.3f} after {STE
 # %% [markdown]
 # A few dozen steps get well past chance: "thee", "unto" and "hath" give the KJV away. The same
 # classifier, gin-configured, fine-tunes MiniLM on BBC News topics with the full BERT recipe:
-# `t2t finetune --gin_file=experiments/finetune_minilm_bbc.gin` (see the README).
+# `t2t finetune --gin_file=experiments/finetune_minilm_bbc.gin` (docs/finetuning.md).

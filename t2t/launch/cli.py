@@ -21,7 +21,7 @@ from t2t.launch import remote, source
 from t2t.launch.gcloud import LaunchError, Slice
 from t2t.launch.tpu import DryRun, Launcher, Runner, Shell, check_env_name
 
-LIBTPU_ARGS = "LIBTPU_INIT_ARGS"   # libtpu's flags; README, "TPU: compile before you pay"
+LIBTPU_ARGS = "LIBTPU_INIT_ARGS"   # libtpu's flags; docs/tpu.md
 
 
 def _where(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

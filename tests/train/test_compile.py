@@ -129,7 +129,7 @@ def test_bad_requests_are_one_line_before_compiling(capsys, args, says):
 
 @needs_libtpu
 def test_gpt2_xl_heads_on_the_v5e_256_mesh_are_one_line(capsys):
-    """GPT-2 XL's 25 heads and tensor=2: one line before compiling (the README table binds
+    """GPT-2 XL's 25 heads and tensor=2: one line before compiling (docs/tpu.md's table binds
     tensor=1 for it: benchmarks/compile_table.py's MESH_OVERRIDES)."""
     code, out, err = _run(capsys, [
         "compile", "--gin_file=models/gpt2/xl.gin", "--gin_file=objectives/causal_lm.gin",
@@ -265,7 +265,7 @@ CRASH = ["models/gpt2/small.gin", "objectives/causal_lm.gin", "runs/pretrain_gpt
 @pytest.mark.parametrize("libtpu_flags, exit_code", [("", -11),
                                                     ("--xla_jf_conv_input_fusion=false", 0)])
 def test_the_libtpu_crash_and_its_workaround(libtpu_flags, exit_code):
-    """The smallest crash found (README): GPT-2 small's widths, 2 scanned layers, bfloat16,
+    """The smallest crash found (docs/notes/2026-11-tpu-compile.md): GPT-2 small's widths, 2 scanned layers, bfloat16,
     batch 8 x 1024 on v4-8 -- SIGSEGV in libtpu 0.0.42.1 (float32 or unscanned compile); it
     compiles without libtpu's producer fusion into matmul inputs. When a libtpu upgrade makes
     the first case compile, drop the workaround (benchmarks/compile_table.py)."""
