@@ -20,11 +20,39 @@ ERROR_LOG = os.path.join(tempfile.gettempdir(), "t2t-error.log")   # the last er
 
 def _parse_gin(args, required=("MODEL_DIR",)) -> None:
     """Parse the command's gin files and bindings; a command-line macro the config does not
-    use, or a `required` macro left unset, is one ConfigError before anything compiles."""
+    use, or a `required` macro left unset, is one ConfigError before anything compiles.
+    Without --gin_file the run's own operative config, MODEL_DIR/config.gin, is the config
+    (`t2t eval --gin.MODEL_DIR=runs/x`), the command line's bindings on top of it."""
     from t2t.run import gin_utils
     bindings = args.gin + args.gin_bindings
-    gin_utils.parse(args.gin_file, bindings)
+    gin_utils.parse(args.gin_file or [_run_config(args.command, bindings)], bindings)
     gin_utils.check_bindings(bindings, required)
+
+
+def _run_config(command: str, bindings: List[str]) -> str:
+    """MODEL_DIR/config.gin for a command given no --gin_file (MODEL_DIR from `bindings`);
+    a ConfigError in one line when there is none."""
+    from t2t import storage
+    from t2t.errors import ConfigError
+    from t2t.run import gin_utils
+    gin_utils.parse([], bindings)               # bindings alone: where MODEL_DIR is
+    model_dir = gin_utils.query_macro("MODEL_DIR")
+    if not isinstance(model_dir, str) or not model_dir:
+        raise ConfigError(f"t2t {command} needs --gin_file=..., or --gin.MODEL_DIR=<a run's "
+                          "directory> to use the run's own config (MODEL_DIR/config.gin)")
+    storage.check(model_dir)                       # gs:// without gcsfs: one line
+    config_gin = os.path.join(model_dir, "config.gin")
+    if not storage.path(config_gin).is_file():
+        where = "does not exist" if not storage.path(model_dir).is_dir() else \
+            "has no config.gin (it is written when a run starts)"
+        raise ConfigError(f"MODEL_DIR {model_dir!r} {where}: check the path, or give the "
+                          "run's --gin_file=... flags")
+    if storage.is_remote(model_dir):               # gin reads local files: a local copy
+        local = os.path.join(tempfile.mkdtemp(prefix="t2t-run-config-"), "config.gin")
+        with open(local, "w", encoding="utf-8") as f:
+            f.write(storage.path(config_gin).read_text())
+        return local
+    return config_gin
 
 
 def _model_from_gin(gin_files: List[str], bindings: List[str]):
@@ -116,8 +144,9 @@ def cmd_finetune(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    """`t2t eval --gin_file=... --gin.MODEL_DIR=... [--split test]`: score the latest
-    checkpoint; metrics.json + results.md into --output_dir (default MODEL_DIR)."""
+    """`t2t eval --gin.MODEL_DIR=... [--split test]`: score the latest checkpoint with the
+    run's own config (or --gin_file=...); metrics.json + results.md into --output_dir
+    (default MODEL_DIR)."""
     from t2t.run import finetune
     _parse_finetune_gin(args)
     finetune.evaluate_run(args.split or None, args.output_dir)
@@ -125,8 +154,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_infer(args) -> int:
-    """`t2t infer --gin_file=... --gin.MODEL_DIR=... [--input FILE]`: one output line per
-    input line (stdin by default)."""
+    """`t2t infer --gin.MODEL_DIR=... [--input FILE]`: one output line per input line (stdin
+    by default), with the run's own config (or --gin_file=...)."""
     from t2t.run import finetune
     _parse_finetune_gin(args)
     lines = read_input_lines(args.input)
@@ -305,9 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
                "(SIGTERM or Ctrl-C; saved, rerun to resume), 130 aborted.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_gin(p):
-        p.add_argument("--gin_file", action="append", required=True,
-                       help="gin file (path, or relative to configs/); repeatable")
+    def with_gin(p, required=True):
+        p.add_argument("--gin_file", action="append", required=required,
+                       help="gin file (path, or relative to configs/); repeatable" +
+                       ("" if required else "; default: MODEL_DIR/config.gin, the run's own"))
         p.add_argument("--gin", action="append", default=[], metavar="BINDING",
                        help="a gin binding such as TransformerConfig.d_model=64; repeatable")
         return p
@@ -318,25 +348,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--length", type=int, default=16)
     p.set_defaults(func=cmd_forward)
-    p = with_gin(sub.add_parser("train", help="pretrain or fine-tune from gin configs"))
+    p = with_gin(sub.add_parser("train", help="pretrain or fine-tune from gin configs"),
+                 required=False)
     p.add_argument("--coordinator_address", help="multi-process: host:port of process 0")
     p.add_argument("--num_processes", type=int)
     p.add_argument("--process_id", type=int)
     p.set_defaults(func=cmd_train)
     p = with_gin(sub.add_parser("finetune", help="fine-tune from a t2t or Hugging Face "
-                                "checkpoint, then evaluate"))
+                                "checkpoint, then evaluate"),
+                 required=False)
     p.add_argument("--split", action="append", default=[],
                    help="split to score after training (repeatable; default: the gin's)")
     p.add_argument("--coordinator_address", help="multi-process: host:port of process 0")
     p.add_argument("--num_processes", type=int)
     p.add_argument("--process_id", type=int)
     p.set_defaults(func=cmd_finetune)
-    p = with_gin(sub.add_parser("eval", help="score MODEL_DIR's latest checkpoint"))
+    p = with_gin(sub.add_parser("eval", help="score MODEL_DIR's latest checkpoint"),
+                 required=False)
     p.add_argument("--split", action="append", default=[],
                    help="split to score (repeatable; default: validation and test)")
     p.add_argument("--output_dir", help="where metrics.json and results.md go (MODEL_DIR)")
     p.set_defaults(func=cmd_eval)
-    p = with_gin(sub.add_parser("infer", help="decode input lines with MODEL_DIR's model"))
+    p = with_gin(sub.add_parser("infer", help="decode input lines with MODEL_DIR's model"),
+                 required=False)
     p.add_argument("--input", help="file of inputs, one per line (default: stdin)")
     p.add_argument("--output", help="file for the outputs (default: stdout)")
     p.add_argument("--strategy", choices=("greedy", "beam"), default="greedy")

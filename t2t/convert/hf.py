@@ -20,13 +20,14 @@ import json
 import logging
 import os
 import re
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from flax import traverse_util
 from flax.core.meta import unbox
 from safetensors.numpy import load_file, save_file
 
+from t2t.errors import InputFileError
 from t2t.nn.config import TransformerConfig
 
 log = logging.getLogger(__name__)
@@ -606,11 +607,25 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
                             "safetensors only; pickle checkpoints such as *.bin are refused)")
 
 
+def read_json(path: str) -> Any:
+    """A JSON file such as a Hugging Face config.json; one that is not UTF-8 JSON (binary,
+    compressed, cut short) is an InputFileError naming it and the place."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputFileError(f"{path} is not UTF-8 text (a binary or compressed file?): it "
+                             "should be JSON; copy it again from the model's source") from None
+    except json.JSONDecodeError as e:
+        raise InputFileError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} "
+                             f"({e.msg}); cut short, or something after the JSON? copy it "
+                             "again") from None
+
+
 def _read_config(path: str) -> dict:
     path = os.fspath(path)
     directory = os.path.dirname(path) if os.path.isfile(path) else path
-    with open(os.path.join(directory, CONFIG_FILE)) as f:
-        return json.load(f)
+    return read_json(os.path.join(directory, CONFIG_FILE))
 
 
 def _load(path, config_fn, params_fn, overrides) -> Tuple[TransformerConfig, Params]:

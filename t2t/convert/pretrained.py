@@ -135,7 +135,7 @@ def _read_hf_config(directory: str) -> Dict[str, Any]:
     try:
         with open(path) as f:
             d = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PretrainedError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(d, dict) or "model_type" not in d:
         raise PretrainedError(f"{path} has no 'model_type'; t2t reads {list(SUPPORTED)}")

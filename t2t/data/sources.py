@@ -14,10 +14,13 @@ import importlib.util
 import json
 import mmap
 import os
+import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from t2t.errors import InputFileError
 
 
 class RandomAccessSource(Protocol):
@@ -35,6 +38,30 @@ class InvalidRecord:
 
 
 PathLike = str | os.PathLike
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_gzip(path: str) -> bytes:
+    """A ``.gz`` file's decompressed bytes; a file that is not gzip, or whose gzip data is
+    cut short or damaged, is an InputFileError naming it."""
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except gzip.BadGzipFile:
+        raise InputFileError(f"{path} is named .gz but is not gzip-compressed: rename it "
+                             "without .gz, or compress it with gzip") from None
+    except (EOFError, zlib.error) as e:
+        raise InputFileError(f"{path}: the gzip data is cut short or damaged ({e}); copy or "
+                             "compress the file again") from None
+
+
+def check_not_gzip(path: str, head: bytes) -> None:
+    """A file whose bytes (``head``: its first ones) are gzip's but whose name does not end
+    in ``.gz`` would be read as binary lines: an InputFileError saying to rename it."""
+    if bytes(head[:2]) == GZIP_MAGIC:
+        raise InputFileError(f"{path} is gzip-compressed but not named .gz: rename it "
+                             f"{os.path.basename(path)}.gz (t2t decompresses .gz files), or "
+                             "gunzip it")
 
 
 class _LineIndex:
@@ -67,12 +94,12 @@ class _LineIndex:
         if i not in self._cache:
             path = self.paths[i]
             if path.endswith(".gz"):
-                with gzip.open(path, "rb") as f:
-                    data: Any = f.read()
+                data: Any = read_gzip(path)
             else:
                 with open(path, "rb") as f:
                     empty = os.path.getsize(path) == 0
                     data = b"" if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                check_not_gzip(path, data[:2])
             self._cache[i] = data
         return self._cache[i]
 

@@ -24,7 +24,6 @@ import collections
 import csv
 import dataclasses
 import glob
-import gzip
 import io
 import json
 import os
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from t2t.data.sources import InvalidRecord, _LineIndex
+from t2t.data.sources import InvalidRecord, _LineIndex, check_not_gzip, read_gzip
 from t2t.errors import InputFileError
 
 BAD_REASONS = ("undecodable", "missing_field", "empty", "truncated")
@@ -79,10 +78,14 @@ def file_format(path: str) -> str:
 
 
 def read_bytes(path: str) -> bytes:
-    """A file's bytes, gunzipped when it ends in ``.gz``."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        return f.read()
+    """A file's bytes, gunzipped when it ends in ``.gz``; a ``.gz`` file that is not gzip,
+    or a gzip file named otherwise, is an InputFileError saying so."""
+    if path.endswith(".gz"):
+        return read_gzip(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    check_not_gzip(path, data)
+    return data
 
 
 def _lines(data: bytes) -> list[bytes]:
@@ -167,8 +170,10 @@ class TextDocuments:
         for i in range(len(self._first)):
             record = self._record(i)
             if isinstance(record, InvalidRecord):
-                self.bad.add(record.reason, self._where(i),
-                             _WHY.get(record.reason, f"no field {self.field!r}"))
+                why = _WHY.get(record.reason, f"no field {self.field!r}")
+                if not self.jsonl and record.reason == "undecodable":
+                    why = "not UTF-8"                   # plain text: there is no JSON
+                self.bad.add(record.reason, self._where(i), why)
                 continue
             for j in record.get("undecodable_lines", ()):
                 self.bad.add("undecodable", self.line_where(j), "not UTF-8")
@@ -303,7 +308,14 @@ class RecordFiles:
             head = read_bytes(path)[:4096].lstrip()
             if head.startswith(b"{") and b'"data"' in head:
                 return "squad"
-            return "json" if head.startswith(b"[") else "jsonl"
+            if head.startswith(b"["):
+                return "json"
+            if not head.startswith(b"{"):
+                what = "is empty" if not head else "does not start with { or ["
+                raise InputFileError(f"{path} {what}: a .json file holds a list of records "
+                                     "or SQuAD's {\"data\": [...]} (one object per line: "
+                                     "name it .jsonl)")
+            return "jsonl"
         return "jsonl" if fmt == "text" else fmt
 
     def _read(self, path: str) -> None:
@@ -363,6 +375,10 @@ class RecordFiles:
         header = None
         for n, row in rows:
             where = f"{path}:{n}"
+            if row is None and header is None:
+                raise InputFileError(f"{where}: the header row is not UTF-8 text (a binary "
+                                     "file, or another encoding?); convert the file, e.g. "
+                                     "iconv -f latin1 -t utf-8")
             if row is None:
                 self.lines += 1
                 self.bad.add("undecodable", where, "not UTF-8")
@@ -397,10 +413,14 @@ class RecordFiles:
         text = data.decode("utf-8", errors="surrogateescape")
         reader = csv.reader(io.StringIO(text, newline=""))
         rows, start = [], 1
-        for row in reader:
-            undecodable = any(_has_surrogates(cell) for cell in row)
-            rows.append((start, None if undecodable else row))
-            start = reader.line_num + 1
+        try:
+            for row in reader:
+                undecodable = any(_has_surrogates(cell) for cell in row)
+                rows.append((start, None if undecodable else row))
+                start = reader.line_num + 1
+        except csv.Error as e:    # a field over csv's limit: mostly a quote never closed
+            raise InputFileError(f"{path}:{start}: cannot be read as CSV ({e}): a quote that "
+                                 "is never closed, or a field of over 128 KB?") from None
         self._table(path, rows, "csv")
 
     def _squad(self, path: str, data: bytes) -> None:

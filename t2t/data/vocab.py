@@ -16,6 +16,8 @@ from typing import Any, Iterable, Sequence
 
 import sentencepiece as spm
 
+from t2t.errors import InputFileError
+
 PAD_MULTIPLE = 128
 
 
@@ -105,7 +107,14 @@ class SentencePieceVocabulary(Vocabulary):
         proto = model_file if isinstance(model_file, bytes) else Path(model_file).read_bytes()
         self.model_file = None if isinstance(model_file, bytes) else str(model_file)
         self._proto, self.extra_ids = proto, extra_ids
-        self._sp = self._load(proto, extra_ids)
+        try:
+            self._sp = self._load(proto, extra_ids)
+        except Exception as e:   # protobuf's DecodeError, sentencepiece's RuntimeError
+            if self.model_file is None:
+                raise
+            raise InputFileError(f"{self.model_file} is not a SentencePiece model "
+                                 f"({type(e).__name__}: {str(e).strip()[:80]}): give the "
+                                 ".model file SentencePiece's trainer wrote") from None
         self._base_size = self._sp.get_piece_size() - extra_ids
         ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
         if ids != (self.pad_id, self.eos_id, self.unk_id):
@@ -245,8 +254,13 @@ class WordPieceVocabulary(Vocabulary):
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
         self.vocab_file, self.lowercase = str(vocab_file), lowercase
-        tok = Tokenizer(models.WordPiece.from_file(self.vocab_file, unk_token="[UNK]",
-                                                   max_input_chars_per_word=100))
+        try:
+            tok = Tokenizer(models.WordPiece.from_file(self.vocab_file, unk_token="[UNK]",
+                                                       max_input_chars_per_word=100))
+        except Exception as e:   # tokenizers' own Exception: not UTF-8, unreadable
+            raise InputFileError(f"{vocab_file} cannot be read as a WordPiece vocab.txt "
+                                 f"({str(e).strip()[:80]}): one token per line, UTF-8 "
+                                 "text") from None
         tok.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -255,7 +269,8 @@ class WordPieceVocabulary(Vocabulary):
         self.pad_id, self.unk_id = tok.token_to_id("[PAD]"), tok.token_to_id("[UNK]")
         self.mask_id, self.eos_id = tok.token_to_id("[MASK]"), None
         if None in (self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id):
-            raise ValueError(f"{vocab_file} lacks one of [CLS] [SEP] [PAD] [UNK] [MASK]")
+            raise InputFileError(f"{vocab_file} lacks one of [CLS] [SEP] [PAD] [UNK] [MASK]: "
+                                 "a BERT WordPiece vocab.txt has them (an empty or cut file?)")
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", self.cls_id), ("[SEP]", self.sep_id)])

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from t2t.models import lightweight, peft
 from t2t.run import configurables as configured
 from t2t.train import evaluator, optimizers
 from t2t.run import experiment as experiment_lib
+from t2t.run import gin_utils
 from t2t.train.checkpoints import Checkpointer, check_compatible
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, TrainState, fit
 from t2t.run.configurables import configurable
@@ -225,8 +225,8 @@ class ClassifierExperiment(experiment_lib.Experiment):
 def _hf_lowercase(path: str) -> bool:
     config = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(config):
-        with open(config) as f:
-            return bool(json.load(f).get("do_lower_case", True))
+        from t2t.convert import hf
+        return bool(hf.read_json(config).get("do_lower_case", True))
     return True
 
 
@@ -244,15 +244,14 @@ def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: 
         raise ConfigError(f"{pretrained!r} is a Hugging Face directory: XLNet fine-tuning "
                           "starts from a t2t XLNet MODEL_DIR (experiments/xlnet_tiny_bible.gin)")
     if from_hf:
-        with open(os.path.join(pretrained, "config.json")) as f:
-            model_cfg = hf.bert_config(json.load(f))
+        model_cfg = hf.bert_config(hf.read_json(os.path.join(pretrained, "config.json")))
         vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
         lowercase = _hf_lowercase(pretrained)
     else:
         model_cfg = configured.TransformerConfig()
     if vocabulary is None:
-        raise ValueError("a BERT fine-tuning needs a WordPiece `vocabulary` (vocab.txt) "
-                         "or a Hugging Face `pretrained` directory")
+        raise ConfigError("a BERT fine-tuning needs a WordPiece `vocabulary` (vocab.txt) "
+                          "or a Hugging Face `pretrained` directory")
     wordpiece = WordPieceVocabulary(vocabulary, lowercase=lowercase)
     if not from_hf and model_cfg.vocab_size != wordpiece.padded_vocab_size:
         # as `experiment()` did when pretraining on this vocabulary
@@ -726,13 +725,29 @@ def run(splits: Optional[Sequence[str]] = None,
 
 
 def restore_experiment(step: Optional[int] = None) -> tuple[experiment_lib.Experiment, Params]:
-    """The gin-configured fine-tuning experiment and MODEL_DIR's parameters (latest step)."""
+    """The gin-configured fine-tuning experiment and MODEL_DIR's parameters (latest step).
+    A MODEL_DIR without a checkpoint is one line before the task reads any data."""
+    model_dir = gin_utils.query_macro("MODEL_DIR")
+    if isinstance(model_dir, str) and model_dir and _binds_initial_checkpoint():
+        _check_has_checkpoints(model_dir)     # (not a fine-tuning config: gin says so below)
     exp = finetune_experiment()
     model_dir = exp.trainer.config.model_dir
+    _check_has_checkpoints(model_dir)
+    return exp, restore_params(model_dir, abstract_params(exp), step, what="MODEL_DIR")
+
+
+def _binds_initial_checkpoint() -> bool:
+    try:
+        gin.query_parameter("finetune_experiment.initial_checkpoint")
+        return True
+    except ValueError:
+        return False
+
+
+def _check_has_checkpoints(model_dir: str) -> None:
     if latest_step(os.path.join(model_dir, "checkpoints")) is None:
         raise FileNotFoundError(f"MODEL_DIR {model_dir!r} has no checkpoints; run "
                                 "`t2t finetune` (or `t2t train`) first")
-    return exp, restore_params(model_dir, abstract_params(exp), step, what="MODEL_DIR")
 
 
 def abstract_params(exp: experiment_lib.Experiment) -> Params:

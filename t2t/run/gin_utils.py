@@ -99,6 +99,8 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
     try:
         with _quiet_search(), _without_namespace_packages():
             files = [_resolve(f) for f in gin_files]
+            for f in files:
+                _check_text(f)
             if clear and _FILE_PARSES is not None:
                 key = tuple(files)
                 if key in _FILE_PARSES:
@@ -115,6 +117,23 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
         raise
     except SyntaxError as e:      # gin's parser: a value it cannot read, in a file or --gin
         raise ConfigError(_syntax_error(e)) from e
+    except UnicodeDecodeError as e:   # an included file that is not text
+        raise ConfigError(f"a gin file (or one it includes) is not UTF-8 text ({e.reason} "
+                          f"at byte {e.start}); a gin file is text") from e
+
+
+def _check_text(path: str) -> None:
+    """A gin file that is not UTF-8 text (binary, compressed) is one ConfigError naming it
+    and the line, not gin's UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        what = "gzip-compressed" if data[:2] == b"\x1f\x8b" else "not UTF-8 text"
+        raise ConfigError(f"gin file {path}, line {line}: {what} (byte 0x{data[e.start]:02x}); "
+                          "a gin file is text: bindings such as NAME = value") from None
 
 
 def _syntax_error(error: SyntaxError) -> str:
@@ -125,7 +144,9 @@ def _syntax_error(error: SyntaxError) -> str:
         return (f"--gin {(error.text or '').strip()}: {what}; a string needs quotes "
                 "(--gin.NAME=\"'text'\"), other values are numbers, True/False/None, lists, "
                 "dicts, %MACROS or @references")
-    return f"{error.filename}, line {error.lineno}: {what}: {(error.text or '').strip()}"
+    text = (error.text or "").strip()
+    text = text if len(text) <= 80 else text[:77] + "..."     # a huge line: its start
+    return f"{error.filename}, line {error.lineno}: {what}: {text}"
 
 
 def _suggest(message: str) -> Optional[str]:

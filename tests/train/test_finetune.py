@@ -339,3 +339,91 @@ def test_unbuilt_dataset_is_one_line(tmp_path, monkeypatch, capsys):
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(
         "t2t finetune: error: dataset 'bbc' is not built: run `t2t data build bbc` (details:")
+
+
+# --- the run's own operative config (MODEL_DIR/config.gin) when no --gin_file is given ---
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    said = [line for line in err.splitlines() if ": error: " in line]
+    assert len(said) == 1 and err.splitlines()[-1] == said[0] and "Traceback" not in err, err
+    return said[0]
+
+
+def test_eval_reads_the_runs_own_config(finetuned, tmp_path, capsys):
+    """`t2t eval --gin.MODEL_DIR=...` alone: no flag of the fine-tuning repeated."""
+    assert main(["eval", f"--gin.MODEL_DIR={finetuned}", "--split", "test",
+                 f"--output_dir={tmp_path}", "--gin=evaluate_experiment.max_examples = 8",
+                 "--gin=evaluate_experiment.batch_size = 8"]) == 0
+    assert list(json.load(open(tmp_path / "metrics.json"))) == ["bible_translate_en_es/test"]
+    assert "| bible_translate_en_es/test |" in capsys.readouterr().out
+
+
+def test_infer_reads_the_runs_own_config(finetuned, monkeypatch, capsys):
+    seen = []
+
+    def fake_predict(model, params, examples, vocabulary, **_):
+        seen.extend(vocabulary.decode(ex["inputs"][:-1]) for ex in examples)
+        return ["salida" for _ in examples]
+
+    monkeypatch.setattr(finetune.evaluator, "predict_texts", fake_predict)
+    monkeypatch.setattr("sys.stdin", io.StringIO("Jesus wept.\n"))
+    assert main(["infer", f"--gin.MODEL_DIR={finetuned}"]) == 0
+    assert capsys.readouterr().out == "salida\n"
+    assert seen == ["translate English to Spanish: Jesus wept."]
+
+
+def test_a_flag_that_does_not_fit_the_checkpoint_is_one_line(finetuned, tmp_path, capsys):
+    """A command-line binding overrides the run's config; one the checkpoint cannot take
+    is one line (CheckpointMismatchError), not a traceback."""
+    assert main(["eval", f"--gin.MODEL_DIR={finetuned}", f"--output_dir={tmp_path}",
+                 "--gin=TransformerConfig.d_ff = 48"]) == 2
+    err = _error_line(capsys)
+    assert "does not fit the model" in err and "(32, 64) vs model (32, 48)" in err
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_a_misspelt_macro_on_the_runs_config_is_one_line(finetuned, capsys):
+    assert main(["eval", f"--gin.MODEL_DIR={finetuned}", "--gin.TRAIN_STEPZ=3"]) == 2
+    assert "--gin.TRAIN_STEPZ is not used by this config" in _error_line(capsys)
+
+
+def test_eval_without_checkpoints_says_so_before_reading_data(finetuned, tmp_path,
+                                                               monkeypatch, capsys):
+    """The run's config is there (the run stopped before its first save), no checkpoint:
+    one line, and neither the task nor its data is built."""
+    config = open(os.path.join(finetuned, "config.gin")).read()
+    (tmp_path / "config.gin").write_text(config)
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the experiment (task, data) was built")
+
+    monkeypatch.setattr(finetune, "finetune_experiment", no_data)
+    assert main(["eval", f"--gin.MODEL_DIR={tmp_path}"]) == 2
+    assert f"MODEL_DIR '{tmp_path}' has no checkpoints" in _error_line(capsys)
+    assert main(["eval", *[f"--gin_file={f}" for f in FT_GIN], f"--gin.MODEL_DIR={tmp_path}",
+                 "--gin.INITIAL_CHECKPOINT=unused"]) == 2    # with --gin_file too
+    assert "has no checkpoints" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("flags, said", [
+    ([], "t2t eval needs --gin_file=..., or --gin.MODEL_DIR=<a run's directory>"),
+    (["--gin.MODEL_DIR={tmp}/nowhere"], "MODEL_DIR '{tmp}/nowhere' does not exist"),
+    (["--gin.MODEL_DIR={tmp}"], "MODEL_DIR '{tmp}' has no config.gin"),
+])
+def test_eval_without_a_config_says_what_to_give(tmp_path, capsys, flags, said):
+    assert main(["eval", *[f.format(tmp=tmp_path) for f in flags]]) == 2
+    assert said.format(tmp=tmp_path) in _error_line(capsys)
+
+
+def test_a_resumed_run_reads_its_own_config(finetuned, capsys):
+    """`t2t finetune --gin.MODEL_DIR=...` alone resumes the run as it was configured (a
+    command-line binding on top: one more step)."""
+    step = finetune.latest_step(os.path.join(finetuned, "checkpoints"))
+    assert main(["finetune", f"--gin.MODEL_DIR={finetuned}", f"--gin.TRAIN_STEPS={step + 1}",
+                 "--split", "test", "--gin=evaluate_experiment.max_examples = 8",
+                 "--gin=evaluate_experiment.batch_size = 8"]) == 0
+    said = capsys.readouterr()
+    assert f"resumed from step {step}" in said.err
+    assert f"trained to step {step + 1}" in said.out
+    assert "| bible_translate_en_es/test |" in said.out
+    assert f"TRAIN_STEPS = {step + 1}" in open(os.path.join(finetuned, "config.gin")).read()

@@ -128,3 +128,16 @@ def test_an_unreadable_checkpoint_in_the_bucket_is_set_aside(bucket):
         ckpt.save(2, state, {"epoch": 2})                    # step 2 is free again
     assert epath.Path(f"{directory}/2.unreadable/data/metadata").read_text() == '{"epo'
     assert Checkpointer(directory, async_save=False).all_steps() == [1, 2]
+
+
+def test_eval_reads_the_runs_config_from_the_bucket(bucket, capsys):
+    """`t2t eval --gin.MODEL_DIR=gs://...` alone: the run's config.gin is read from the
+    bucket; a run without a checkpoint says so in one line, before any data is read."""
+    from t2t.cli import main
+    model_dir = f"{bucket}/no_checkpoint_yet"
+    storage.write_text(f"{model_dir}/config.gin",
+                       "include 'experiments/finetune_t5_tiny_bible_en_es.gin'\n"
+                       f"MODEL_DIR = '{model_dir}'\nINITIAL_CHECKPOINT = None\n")
+    assert main(["eval", f"--gin.MODEL_DIR={model_dir}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"MODEL_DIR '{model_dir}' has no checkpoints" in err[0], err
