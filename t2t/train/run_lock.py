@@ -11,9 +11,11 @@ line naming the holder. A lock is taken over, with one warning, when it is stale
 
 A local lock is created atomically (written to a temporary file, then `os.link`ed to its
 name, which fails if the name exists), so two runs starting together cannot both take it.
-A lock in a bucket (gs://) is best-effort: it is read, then written if absent, so two runs
-started within the same second may both go ahead. Taking over a stale lock deletes it and
-creates it anew; a run that took it over in between wins, the other reports it.
+A lock in a bucket (gs://) is created with a generation precondition (gcsfs's exclusive
+mode, `ifGenerationMatch=0`), so of two runs starting together one gets it; on a store that
+ignores preconditions (the GCS emulator the tests use) it is read, then written. Taking
+over a stale lock deletes it and creates it anew; a run that took it over in between wins,
+the other reports it.
 """
 from __future__ import annotations
 
@@ -137,11 +139,8 @@ class RunLock:
     def _create(self) -> bool:
         """Creates the lock file with this run's info; False if it exists already."""
         text = json.dumps(self.info, indent=1, sort_keys=True) + "\n"
-        if self.remote:                            # best-effort: check, then write
-            if self.path.exists():
-                return False
-            self.path.write_text(text)
-            return True
+        if self.remote:
+            return self._create_remote(text)
         tmp = f"{self.path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -154,6 +153,21 @@ class RunLock:
             return False
         finally:
             os.unlink(tmp)
+
+    def _create_remote(self, text: str) -> bool:
+        """In a bucket: an exclusive create ("xb": gcsfs sends ifGenerationMatch=0, and GCS
+        answers 412, FileExistsError, if the object exists), after a read that saves the
+        request when it plainly does. A store without preconditions (the GCS emulator)
+        makes it check-then-write."""
+        import fsspec
+        if self.path.exists():
+            return False
+        try:
+            with fsspec.open(str(self.path), "xb") as f:
+                f.write(text.encode("utf-8"))
+        except FileExistsError:
+            return False
+        return True
 
     def _read(self) -> Optional[dict]:
         """The holder's info; None if the file is gone; {} if it cannot be read."""

@@ -99,7 +99,7 @@ def test_train_cli_without_gcsfs_says_so_in_one_line(monkeypatch, capsys):
 
 
 def test_a_lock_in_the_bucket_blocks_a_second_run_until_released(bucket):
-    """Best-effort in a bucket (read, then write): a held lock still stops a second run."""
+    """A held lock in a bucket stops a second run until it is released."""
     first = run_lock.RunLock(f"{bucket}/locked", "t2t train first")
     first.acquire()
     assert json.loads(epath.Path(f"{bucket}/locked/.t2t.lock").read_text())["command"] \
@@ -109,6 +109,23 @@ def test_a_lock_in_the_bucket_blocks_a_second_run_until_released(bucket):
         run_lock.RunLock(f"{bucket}/locked", "t2t train second").acquire()
     first.release()
     assert not epath.Path(f"{bucket}/locked/.t2t.lock").exists()
+
+
+def test_the_bucket_lock_is_an_exclusive_create(bucket, monkeypatch):
+    """The lock object is written with gcsfs's exclusive mode (ifGenerationMatch=0): when
+    another run creates it between the read and the write, GCS answers 412 (gcsfs raises
+    FileExistsError) and this run reports the holder. (The emulator ignores preconditions,
+    so the 412 is played here.)"""
+    import fsspec
+    modes = []
+
+    def racing_open(url, mode="rb", **kwargs):
+        modes.append(mode)
+        raise FileExistsError(url)
+
+    monkeypatch.setattr(fsspec, "open", racing_open)
+    lock = run_lock.RunLock(f"{bucket}/raced", "t2t train")
+    assert lock._create_remote("{}") is False and modes == ["xb"]
 
 
 def test_an_unreadable_checkpoint_in_the_bucket_is_set_aside(bucket):
