@@ -515,7 +515,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["launch"]:   # its own argparse; the command after `--` passes untouched
         from t2t.launch import cli as launch_cli
-        return launch_cli.main(argv[1:])
+        split = argv.index("--") if "--" in argv else len(argv)
+        own, command = argv[1:split], argv[split:]
+        verbose = "--verbose" in own
+        try:
+            return launch_cli.main([a for a in own if a != "--verbose"] + command)
+        except Exception as e:    # LaunchError is its own line; anything else is internal
+            if verbose:
+                raise
+            return _internal_error("launch", e)
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)

@@ -300,3 +300,24 @@ def test_t2t_data_reports_an_internal_error_in_one_line_too(monkeypatch, capsys)
     assert err.splitlines() == [f"t2t data: error: internal error: ConnectionResetError: [Errno "
                                 f"104] Connection reset by peer (details: {ERROR_LOG}, or rerun "
                                 "with --verbose)"]
+
+
+def test_t2t_launch_reports_an_internal_error_in_one_line_too(monkeypatch, capsys):
+    """`t2t launch`'s own errors are LaunchError lines; anything else is one internal-error
+    line, and --verbose (before `--`; after it, it belongs to the remote command) raises."""
+    from t2t.launch import cli as launch_cli
+    seen = []
+
+    def broken(argv):
+        seen.append(argv)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(launch_cli, "main", broken)
+    argv = ["launch", "tpu", "--name", "x", "--", "t2t", "train", "--verbose"]
+    assert main(argv) == errors.EXIT_INTERNAL
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"t2t launch: error: internal error: OSError: [Errno 5] Input/output error (details: "
+        f"{ERROR_LOG}, or rerun with --verbose)"]
+    with pytest.raises(OSError):
+        main(["launch", "--verbose", "tpu", "--name", "x", "--", "t2t", "train"])
+    assert seen == [argv[1:], ["tpu", "--name", "x", "--", "t2t", "train"]]
