@@ -506,6 +506,17 @@ def _internal_error(command: str, error: BaseException) -> int:
     return EXIT_INTERNAL
 
 
+def _own_parser(command: str, verbose: bool, run, argv: List[str]) -> int:
+    """`run(argv)` of a subcommand with its own argparse (`launch`, `data`), which reports its
+    own errors in one line: anything else is one internal-error line (--verbose raises)."""
+    try:
+        return run(argv)
+    except Exception as e:
+        if verbose:
+            raise
+        return _internal_error(command, e)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Exit codes: 0 done, 1 internal error (one line on stderr, the traceback in ERROR_LOG),
     2 bad input (one line on stderr), 74 the disk filled up during a checkpoint save (one
@@ -517,13 +528,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from t2t.launch import cli as launch_cli
         split = argv.index("--") if "--" in argv else len(argv)
         own, command = argv[1:split], argv[split:]
-        verbose = "--verbose" in own
-        try:
-            return launch_cli.main([a for a in own if a != "--verbose"] + command)
-        except Exception as e:    # LaunchError is its own line; anything else is internal
-            if verbose:
-                raise
-            return _internal_error("launch", e)
+        return _own_parser("launch", "--verbose" in own,   # LaunchError: its own line
+                           launch_cli.main, [a for a in own if a != "--verbose"] + command)
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     configure_logging(verbose)
@@ -534,12 +540,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         platforms.set_default_platforms()
     if argv[:1] == ["data"]:  # its own argparse, --help included
         from t2t.data.catalog import builders
-        try:
-            return builders.main(argv[1:])
-        except Exception as e:    # BuildError is its own line; anything else is internal
-            if verbose:
-                raise
-            return _internal_error("data", e)
+        return _own_parser("data", verbose, builders.main, argv[1:])   # BuildError: its own
     bindings, rest = _gin_args(argv)
     args = build_parser().parse_args(rest)
     args.gin_bindings = bindings

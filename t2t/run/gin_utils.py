@@ -125,13 +125,14 @@ def parse(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
 def _check_text(path: str) -> None:
     """A gin file that is not UTF-8 text (binary, compressed) is one ConfigError naming it
     and the line, not gin's UnicodeDecodeError."""
+    from t2t.data.sources import GZIP_MAGIC
     with open(path, "rb") as f:
         data = f.read()
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        what = "gzip-compressed" if data[:2] == b"\x1f\x8b" else "not UTF-8 text"
+        what = "gzip-compressed" if data[:2] == GZIP_MAGIC else "not UTF-8 text"
         raise ConfigError(f"gin file {path}, line {line}: {what} (byte 0x{data[e.start]:02x}); "
                           "a gin file is text: bindings such as NAME = value") from None
 

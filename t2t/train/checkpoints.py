@@ -128,13 +128,20 @@ def _mismatch_summary(where: str, problems: list, have: dict, want: dict) -> str
             "bindings, or start in a new MODEL_DIR")
 
 
-def _files(directory):
-    """Every file under `directory` (an epath.Path), depth first."""
-    for child in sorted(directory.iterdir()):
+def _move(source, target) -> None:
+    """Renames the directory `source` to `target` (epath.Paths). An object store has no
+    rename: there every file is copied, then the originals deleted (gcsfs's own rename first
+    tries a move API that flat buckets refuse, slowly)."""
+    if not storage.is_remote(str(source)):
+        source.rename(target)
+        return
+    for child in sorted(source.iterdir()):   # (epath refuses rglob on GCS)
         if child.is_dir():
-            yield from _files(child)
+            _move(child, target / child.name)
         else:
-            yield child
+            target.mkdir(parents=True, exist_ok=True)
+            child.copy(target / child.name)
+    source.rmtree()
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -270,19 +277,8 @@ class Checkpointer:
         while target.exists():
             n += 1
             target = root / f"{int(step)}{UNREADABLE}.{n}"
-        source = root / str(int(step))
-        if jax.process_index() != 0:
-            pass
-        elif storage.is_remote(self.directory):
-            # An object store has no rename: every file copied, then the originals deleted
-            # (gcsfs's own rename first tries a move API that flat buckets refuse, slowly).
-            for file in _files(source):
-                copy = target / file.relative_to(source)
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                file.copy(copy)
-            source.rmtree()
-        else:
-            source.rename(target)
+        if jax.process_index() == 0:
+            _move(root / str(int(step)), target)
         if jax.process_count() > 1:
             ocp.multihost.sync_global_processes(f"t2t_set_aside_{int(step)}")
         self._manager.reload()
