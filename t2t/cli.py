@@ -259,9 +259,8 @@ def cmd_convert(args) -> int:
         params = restore_params(args.src, step=args.step)
         vocab = params["token_embedder"]["embedding"].shape[0]
         config = configured.TransformerConfig().replace(vocab_size=vocab)
-        generator = None
-        if args.model_type == "electra":
-            generator = configured.MODEL_CLASSES["electra"](config).generator_config
+        generator = configured.generator_config(hf_pretrained.family_of(args.model_type),
+                                                config)
         models = hf_pretrained.from_t2t(args.model_type, config, params, generator)
     for name, model in models.items():
         out = args.out if len(models) == 1 else os.path.join(args.out, name)

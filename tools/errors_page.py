@@ -13,7 +13,7 @@ The one-line classes, from the `except` clauses at the end of `t2t.cli.main`:
 - `t2t.errors.UserError` and every class derived from it anywhere in t2t/ (ConfigError,
   CheckpointMismatchError, InputFileError, BuildError, ...), found by following the class
   definitions and imports of each module, so that a same-named class that is not a
-  UserError (t2t.convert.hf.CheckpointMismatchError, a plain ValueError) is left out;
+  UserError (t2t.convert.rules.CheckpointMismatchError, a plain ValueError) is left out;
 - `FileNotFoundError`, which `main` reports as one line too.
 
 Not listed: `main` also turns gin's own ValueError/RuntimeError/TypeError about a config into
@@ -104,7 +104,7 @@ class Package:
             return None
         head, _, rest = dotted.partition(".")
         name = self.names[module].get(head, head) + (f".{rest}" if rest else "")
-        for _ in range(10):                     # t2t.convert.X -> t2t.convert.hf.X
+        for _ in range(10):                     # t2t.convert.X -> t2t.convert.rules.X
             mod, _, attr = name.rpartition(".")
             target = self.names.get(mod, {}).get(attr)
             if target is None or target == name:

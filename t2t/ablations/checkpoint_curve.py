@@ -134,7 +134,8 @@ class FeatureProbe:
         import jax.numpy as jnp
 
         from t2t.data import tasks as tasks_lib
-        if exp.trainer.model.family != "t5":
+        from t2t.nn.stacks import EncoderDecoder
+        if not isinstance(exp.trainer.model.module, EncoderDecoder):
             raise ConfigError(f"--probe_task reads an encoder: the run is "
                               f"{exp.trainer.model.family!r}, not an encoder-decoder (t5)")
         task = tasks_lib.get_task(task_name)

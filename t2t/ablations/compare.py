@@ -31,7 +31,7 @@ def load_seeds(cell_dir: str) -> Dict[int, Dict[str, Any]]:
     """{seed: result} of a cell directory's finished seeds."""
     found = {}
     for path in sorted(glob.glob(os.path.join(cell_dir, "seed*", "result.json"))):
-        result = runner._read(path)
+        result = runner.read_json(path)
         found[int(result["seed"])] = result
     if not found:
         raise ConfigError(f"{cell_dir} has no finished seed (no seed*/result.json): give a "
@@ -55,7 +55,7 @@ def ran_on(cell_dir: str, seeds: Sequence[int], results: Dict[int, Dict[str, Any
         result = results[seed]
         stages = [os.path.join(cell_dir, f"seed{seed}", "pretrain")] + glob.glob(
             os.path.join(cell_dir, f"seed{seed}", "finetune", "*"))
-        precision |= {runner.stage_precision(runner._read_text(os.path.join(d, "config.gin"))
+        precision |= {runner.stage_precision(runner.read_text(os.path.join(d, "config.gin"))
                                              or "") for d in stages}
         vocab |= {st.get("vocabulary") for st in [result["pretrain"],
                                                    *result["finetune"].values()]}

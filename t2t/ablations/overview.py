@@ -79,10 +79,10 @@ def markdown(found: Sequence[Gap], column: str) -> str:
     counts = {v: sum(g.verdict == v for g in found) for v in words}
     tables = len(dict.fromkeys(g.table for g in found))
     lines += ["", f"Of {len(found)} pretrained rows in {tables} table"
-              f"{'s' * (tables != 1)}, **{report._are(counts['above'])} above their "
+              f"{'s' * (tables != 1)}, **{report.count_are(counts['above'])} above their "
               f"control** by more than twice their table's pooled seed sd, "
-              f"{report._are(counts['within'])} within it and **"
-              f"{report._are(counts['below'])} below** by more (a row shared by several "
+              f"{report.count_are(counts['within'])} within it and **"
+              f"{report.count_are(counts['below'])} below** by more (a row shared by several "
               "tables, such as a copied baseline, is counted in each)."]
     return "\n".join(lines)
 

@@ -192,13 +192,13 @@ def _pairs_summary(pairs, paper_sd: Optional[float]) -> str:
     separated = len(pairs) - counts["a tie in the paper"]
     same, other = counts["within noise, same direction"], counts["within noise, other direction"]
     tie_text = (f"the paper separates {separated} (a gap above twice its run-to-run sd, "
-                f"{paper_sd:g}; {_are(len(pairs) - separated)} a tie there)"
+                f"{paper_sd:g}; {count_are(len(pairs) - separated)} a tie there)"
                 if paper_sd is not None else f"the paper orders {separated}")
     concordance = sum((1 if our > 0 else -1) for paper, our, *_ in pairs if paper > 0 and our)
     noun = "pair" if len(pairs) == 1 else "pairs"
     return (f"of {len(pairs)} {noun} {tie_text}; here **{counts['holds']} hold** by more than "
-            f"twice our pooled seed sd, **{_are(counts['reversed'])} reversed** by as much, "
-            f"and {_are(same + other)} within our noise ({same} of them in the paper's "
+            f"twice our pooled seed sd, **{count_are(counts['reversed'])} reversed** by as much, "
+            f"and {count_are(same + other)} within our noise ({same} of them in the paper's "
             f"direction); Kendall's τ between the two rankings {concordance / len(pairs):+.2f}")
 
 
@@ -211,7 +211,8 @@ def _verdict(paper_gap: float, our_gap: float, tie: float, sd: float) -> str:
     return "within noise, same direction" if our_gap > 0 else "within noise, other direction"
 
 
-def _are(n: int) -> str:
+def count_are(n: int) -> str:
+    """"1 is", "2 are", ...: a count and its verb."""
     return f"{n} is" if n == 1 else f"{n} are"
 
 

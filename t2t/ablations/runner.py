@@ -90,7 +90,8 @@ def code_version() -> str:
     return f"{version} @ {commit.stdout.strip()}{local}"
 
 
-def _read(path: str) -> Optional[Dict[str, Any]]:
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    """The JSON file `path` (a stage's or result's record); None if there is none."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -155,22 +156,22 @@ def reuse(stage_dir: str, config_str: str, sha: str,
         os.makedirs(stage_dir, exist_ok=True)
         with open(sha_path, "w") as f:
             f.write(sha)
-    return _read(os.path.join(stage_dir, "stage.json"))
+    return read_json(os.path.join(stage_dir, "stage.json"))
 
 
 def _stale(stage_dir: str, config_str: str, sha: str) -> bool:
     """Whether `stage_dir` holds another configuration's work (its fingerprint differs; a
     stage from before fingerprints: its config.gin differs)."""
-    ran = _read_text(os.path.join(stage_dir, "config.sha256"))
+    ran = read_text(os.path.join(stage_dir, "config.sha256"))
     if ran is None:             # no fingerprint yet: fresh, or a stage from before them
-        old_config = _read_text(os.path.join(stage_dir, "config.gin"))
+        old_config = read_text(os.path.join(stage_dir, "config.gin"))
         return old_config is not None and old_config != config_str
     return ran != sha
 
 
 def _finished_here(stage_dir: str, config_str: str, sha: str) -> Optional[Dict[str, Any]]:
     """The finished stage `reuse` would return, read without changing anything."""
-    return None if _stale(stage_dir, config_str, sha) else _read(
+    return None if _stale(stage_dir, config_str, sha) else read_json(
         os.path.join(stage_dir, "stage.json"))
 
 
@@ -195,8 +196,8 @@ def ran_on_another_host(stage_dir: str, config_str: str, upstream: str = "") -> 
     CPU with AVX512-BF16/AMX, float32 on an AVX2-only one): a finished stage stands as it ran
     (its result records the precision), so a grid continues across kinds of host. A stage
     that stopped there is a ConfigError: resuming it here would mix two precisions."""
-    ran = _read_text(os.path.join(stage_dir, "config.gin"))
-    sha = _read_text(os.path.join(stage_dir, "config.sha256"))
+    ran = read_text(os.path.join(stage_dir, "config.gin"))
+    sha = read_text(os.path.join(stage_dir, "config.sha256"))
     notes = [_PRECISION_NOTE.search(text or "") for text in (ran, config_str)]
     if (ran is None or sha != fingerprint(ran, upstream) or None in notes
             or notes[0].group(0) == notes[1].group(0)
@@ -225,7 +226,7 @@ def result_precision(out_dir: str, grid: Grid, cell: Cell, seed: int) -> Optiona
               for task, _ in grid.scale.tasks]
     if cell.pretrained:
         stages.insert(0, pretrain_dir(out_dir, grid, cell, seed))
-    found = {stage_precision(_read_text(os.path.join(d, "config.gin")) or "") for d in stages}
+    found = {stage_precision(read_text(os.path.join(d, "config.gin")) or "") for d in stages}
     found.discard(None)
     return " + ".join(sorted(found)) or None
 
@@ -244,7 +245,7 @@ def twin_finetuning(out_dir: str, grid: Grid, seed: int, task: str, model_dir: s
     fingerprint), in any cell under `out_dir`: beside that pretraining, or elsewhere (a
     learning curve's rows share one pretraining, and its last row's fine-tuning sits in its
     own cell)."""
-    upstream = f"{_read_text(os.path.join(pretrain_twin, 'config.sha256'))} {tail}"
+    upstream = f"{read_text(os.path.join(pretrain_twin, 'config.sha256'))} {tail}"
     return _finished_elsewhere(out_dir, grid, seed, os.path.join("finetune", task), model_dir,
                                config_str, upstream)
 
@@ -275,16 +276,16 @@ def _finished_as(stage_dir: str, config_str: str, upstream: str) -> bool:
     the same precision: why 'auto' resolved to it on that host, an AVX2-only or an
     AVX-512 CPU's float32, does not matter) and is not stale (its fingerprint is that of its
     config.gin and `upstream`)."""
-    text = _read_text(os.path.join(stage_dir, "config.gin"))
+    text = read_text(os.path.join(stage_dir, "config.gin"))
     return (text is not None and os.path.exists(os.path.join(stage_dir, "stage.json"))
-            and _read_text(os.path.join(stage_dir, "config.sha256")) == fingerprint(text,
+            and read_text(os.path.join(stage_dir, "config.sha256")) == fingerprint(text,
                                                                                    upstream)
             and _what_ran(text) == _what_ran(config_str))
 
 
 def _copy_stage(twin: str, stage_dir: str, sha: str) -> Dict[str, Any]:
     """`twin`'s finished stage copied into `stage_dir` under our fingerprint, marked."""
-    stage = {**_read(os.path.join(twin, "stage.json")), "copied_from": twin}
+    stage = {**read_json(os.path.join(twin, "stage.json")), "copied_from": twin}
     if jax.process_index() == 0:
         shutil.copytree(twin, stage_dir, dirs_exist_ok=True)
         with open(os.path.join(stage_dir, "config.sha256"), "w") as f:
@@ -308,7 +309,8 @@ def _what_ran(config_str: str) -> str:
     return _PRECISION_NOTE.sub(r"# dtype 'auto' resolved to '\1'", _without_dirs(config_str))
 
 
-def _read_text(path: str) -> Optional[str]:
+def read_text(path: str) -> Optional[str]:
+    """The text of `path` (a stage's config.gin or fingerprint); None if there is none."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -439,7 +441,7 @@ def _early_heldout(grid: Grid, exp, model_dir: str, config_str: str,
     if not (grid.scale.heldout and step):
         return None
     path = os.path.join(model_dir, "early.json")
-    done = _read(path)
+    done = read_json(path)
     if done is not None:
         return done
     full = exp.trainer.config
@@ -553,7 +555,7 @@ def run_cell(grid: Grid, cell: Cell, seed: int, out_dir: str,
         if stage["stopped_by"] != "done":
             return {"stopped_by": stage["stopped_by"]}
         downstream[task] = stage
-    done = _read(os.path.join(root, "result.json"))
+    done = read_json(os.path.join(root, "result.json"))
     if done is not None and done["pretrain"] == pre and done["finetune"] == downstream:
         say("cached")
         return done
@@ -579,7 +581,7 @@ def _where_copies_ran(stages: Sequence[Dict[str, Any]]) -> Optional[Dict[str, st
     twins = [stage.get("copied_from") for stage in stages]
     if not twins or None in twins:
         return None
-    ran = [_read(os.path.join(stage_seed_dir(twin), "result.json")) for twin in twins]
+    ran = [read_json(os.path.join(stage_seed_dir(twin), "result.json")) for twin in twins]
     if None in ran:
         return None
     return {"hardware": " + ".join(sorted({r["hardware"] for r in ran})),
@@ -650,7 +652,7 @@ def stage_cpu_seconds(out_dir: str, grid: Grid) -> Dict[str, List[float]]:
             (f"finetune/{os.path.basename(d)}", d)
             for d in glob.glob(os.path.join(seed_dir, "finetune", "*"))]
         for name, stage_dir in stages:
-            stage = _read(os.path.join(stage_dir, "stage.json"))
+            stage = read_json(os.path.join(stage_dir, "stage.json"))
             cpu = None if stage is None or "copied_from" in stage else stage_cpu_s(stage)
             if cpu is not None:
                 found.setdefault(name, []).append(cpu)
@@ -705,7 +707,7 @@ def load_results(grid: Grid, out_dir: str) -> Dict[str, List[Dict[str, Any]]]:
         root = os.path.dirname(cell_dir(out_dir, grid, cell, 0))
         seeds = sorted(d for d in os.listdir(root) if d.startswith("seed")) if \
             os.path.isdir(root) else []
-        found[cell.key] = [r for r in (_read(os.path.join(root, d, "result.json"))
+        found[cell.key] = [r for r in (read_json(os.path.join(root, d, "result.json"))
                                        for d in seeds) if r is not None]
         for r in found[cell.key]:
             if "precision" not in r:        # a result from before the field

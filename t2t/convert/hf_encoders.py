@@ -1,7 +1,8 @@
 """Hugging Face RoBERTa, ALBERT, ELECTRA and DistilBERT <-> t2t (BERT's successors).
 
-All four are BERT-shaped post-LN encoders; each is a config map and a rule table on top of
-`t2t.convert.hf`'s engine. The t2t trees:
+All four are BERT-shaped post-LN encoders; each is a config map and a rule table on the
+engine of `t2t.convert.rules`, with BERT's layer table (`t2t.convert.hf_bert`). The t2t
+trees:
 
   RoBERTa, ALBERT, DistilBERT, ELECTRA generator -> `BertModel` params (`mlm_head`;
       ALBERT also `pooler` and its SOP head as `nsp_head`)
@@ -12,18 +13,21 @@ ALBERT and ELECTRA sum their embeddings in width E and project to d_model
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional
+import functools
+from typing import Callable, Dict, List, Mapping, Tuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from t2t.convert import hf
-from t2t.convert.hf import (CheckpointMismatchError, _copy, _import, _layer_norm, _linear,
-                            _Rule, _T2T_ACT_TO_HF, _act, _bert_layer_rules, _export, _flat,
-                            _require, bert_config)
+from t2t.convert.hf_bert import bert_config, bert_layer_rules, mlm_logits
+from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, PretrainedError,
+                                   activation, require)
+from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy,
+                               export_params, flat_params, import_params, layer_norm, linear)
 from t2t.nn.config import TransformerConfig
 
-Params = Dict[str, object]
 
 # Which MLM-head activation each HF class uses (BertModel.mlm_activation).
 ROBERTA_MLM_ACTIVATION = "gelu"          # RobertaLMHead: exact gelu whatever hidden_act
@@ -62,7 +66,7 @@ def distilbert_config(d: Mapping) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=d["vocab_size"], d_model=dim, num_heads=heads, head_dim=dim // heads,
         d_ff=d["hidden_dim"], num_encoder_layers=d["n_layers"], num_decoder_layers=0,
-        mlp_activations=(_act(d.get("activation", "gelu"), "DistilBERT"),),
+        mlp_activations=(activation(d.get("activation", "gelu"), "DistilBERT"),),
         norm_type="layer", norm_eps=1e-12, pre_norm=False, use_bias=True,
         position_embedding="learned", max_length=d.get("max_position_embeddings", 512),
         type_vocab_size=0, embedding_norm=True, tie_embeddings=True, attention_scale="sqrt",
@@ -70,30 +74,31 @@ def distilbert_config(d: Mapping) -> TransformerConfig:
         kernel_init="normal", initializer_range=d.get("initializer_range", 0.02))
 
 
-def _encoder_checks(c: TransformerConfig, family: str, factorized: bool) -> None:
-    _require(c.norm_type == "layer" and not c.pre_norm and c.use_bias and c.embedding_norm,
-             family, "needs post-LN LayerNorm, biases and embedding_norm")
-    _require(c.position_embedding == "learned" and c.attention_scale == "sqrt", family,
-             "needs learned positions and attention_scale='sqrt'")
-    _require(c.num_heads * c.head_dim == c.d_model, family, "needs num_heads*head_dim == d_model")
-    _require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in _T2T_ACT_TO_HF, family,
-             f"mlp_activations={c.mlp_activations} is not one HF activation")
-    _require(not c.scale_embeddings and c.num_decoder_layers == 0, family,
-             "needs an encoder only, unscaled embeddings")
-    if family != "RoBERTa":
-        _require(c.position_offset == 0, family, "has no position_offset (RoBERTa's)")
+def _encoder_checks(c: TransformerConfig, family: str, factorized: bool,
+                    position_offset: int = 0) -> None:
+    require(c.norm_type == "layer" and not c.pre_norm and c.use_bias and c.embedding_norm,
+            family, "needs post-LN LayerNorm, biases and embedding_norm")
+    require(c.position_embedding == "learned" and c.attention_scale == "sqrt", family,
+            "needs learned positions and attention_scale='sqrt'")
+    require(c.num_heads * c.head_dim == c.d_model, family, "needs num_heads*head_dim == d_model")
+    require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in T2T_TO_HF_ACTIVATION, family,
+            f"mlp_activations={c.mlp_activations} is not one HF activation")
+    require(not c.scale_embeddings and c.num_decoder_layers == 0, family,
+            "needs an encoder only, unscaled embeddings")
+    if not position_offset:
+        require(c.position_offset == 0, family, "has no position_offset (RoBERTa's)")
     if factorized:
-        _require(c.embedding_dim is None or c.project_summed_embeddings, family,
-                 "needs project_summed_embeddings=True with embedding_dim")
+        require(c.embedding_dim is None or c.project_summed_embeddings, family,
+                "needs project_summed_embeddings=True with embedding_dim")
     else:
-        _require(c.embedding_dim in (None, c.d_model) and not c.share_layers, family,
-                 "has no factorized embeddings or shared layers")
+        require(c.embedding_dim in (None, c.d_model) and not c.share_layers, family,
+                "has no factorized embeddings or shared layers")
 
 
 def _common_hf(c: TransformerConfig) -> dict:
     return {"vocab_size": c.vocab_size, "hidden_size": c.d_model,
             "num_hidden_layers": c.num_encoder_layers, "num_attention_heads": c.num_heads,
-            "intermediate_size": c.d_ff, "hidden_act": _T2T_ACT_TO_HF[c.mlp_activations[0]],
+            "intermediate_size": c.d_ff, "hidden_act": T2T_TO_HF_ACTIVATION[c.mlp_activations[0]],
             "hidden_dropout_prob": c.dropout_rate,
             "attention_probs_dropout_prob": c.attn_dropout_rate,
             "max_position_embeddings": c.max_length, "type_vocab_size": c.type_vocab_size,
@@ -101,9 +106,9 @@ def _common_hf(c: TransformerConfig) -> dict:
 
 
 def roberta_hf_config(c: TransformerConfig, pad_token_id: int = 1) -> dict:
-    _encoder_checks(c, "RoBERTa", factorized=False)
-    _require(c.position_offset == pad_token_id + 1, "RoBERTa",
-             f"needs position_offset = pad_token_id + 1 = {pad_token_id + 1}")
+    _encoder_checks(c, "RoBERTa", factorized=False, position_offset=pad_token_id + 1)
+    require(c.position_offset == pad_token_id + 1, "RoBERTa",
+            f"needs position_offset = pad_token_id + 1 = {pad_token_id + 1}")
     return {**_common_hf(c), "architectures": ["RobertaForMaskedLM"], "model_type": "roberta",
             "position_embedding_type": "absolute", "pad_token_id": pad_token_id,
             "bos_token_id": 0, "eos_token_id": 2}
@@ -111,7 +116,7 @@ def roberta_hf_config(c: TransformerConfig, pad_token_id: int = 1) -> dict:
 
 def albert_hf_config(c: TransformerConfig) -> dict:
     _encoder_checks(c, "ALBERT", factorized=True)
-    _require(c.share_layers, "ALBERT", "needs share_layers=True")
+    require(c.share_layers, "ALBERT", "needs share_layers=True")
     return {**_common_hf(c), "architectures": ["AlbertForPreTraining"], "model_type": "albert",
             "embedding_size": c.embedding_dim or c.d_model, "num_hidden_groups": 1,
             "inner_group_num": 1, "classifier_dropout_prob": c.dropout_rate,
@@ -121,7 +126,7 @@ def albert_hf_config(c: TransformerConfig) -> dict:
 
 def electra_hf_config(c: TransformerConfig, architecture: str) -> dict:
     _encoder_checks(c, "ELECTRA", factorized=True)
-    _require(not c.share_layers, "ELECTRA", "has no shared layers")
+    require(not c.share_layers, "ELECTRA", "has no shared layers")
     return {**_common_hf(c), "architectures": [architecture], "model_type": "electra",
             "embedding_size": c.embedding_dim or c.d_model,
             "position_embedding_type": "absolute", "pad_token_id": 0}
@@ -129,52 +134,52 @@ def electra_hf_config(c: TransformerConfig, architecture: str) -> dict:
 
 def distilbert_hf_config(c: TransformerConfig) -> dict:
     _encoder_checks(c, "DistilBERT", factorized=False)
-    _require(c.type_vocab_size == 0 and c.norm_eps == 1e-12, "DistilBERT",
-             "needs type_vocab_size=0 and norm_eps=1e-12")
+    require(c.type_vocab_size == 0 and c.norm_eps == 1e-12, "DistilBERT",
+            "needs type_vocab_size=0 and norm_eps=1e-12")
     return {"architectures": ["DistilBertForMaskedLM"], "model_type": "distilbert",
             "vocab_size": c.vocab_size, "dim": c.d_model, "n_layers": c.num_encoder_layers,
             "n_heads": c.num_heads, "hidden_dim": c.d_ff,
-            "activation": _T2T_ACT_TO_HF[c.mlp_activations[0]], "dropout": c.dropout_rate,
+            "activation": T2T_TO_HF_ACTIVATION[c.mlp_activations[0]], "dropout": c.dropout_rate,
             "attention_dropout": c.attn_dropout_rate, "max_position_embeddings": c.max_length,
             "initializer_range": c.initializer_range, "sinusoidal_pos_embds": False,
             "tie_weights_": True, "pad_token_id": 0}
 
 
 # ----------------------------------------------------------------------- rule tables
-def _embedding_rules(e: str, c: TransformerConfig) -> List[_Rule]:
+def _embedding_rules(e: str, c: TransformerConfig) -> List[Rule]:
     """word / position / type tables and their LayerNorm, all of width E (or d_model)."""
     w = c.embedding_dim if c.project_summed_embeddings and c.embedding_dim else c.d_model
     rules = [
-        _copy(f"{e}.word_embeddings.weight", "token_embedder/embedding", (c.vocab_size, w)),
-        _copy(f"{e}.position_embeddings.weight", "encoder/embedder/position_embedder/embedding",
-              (c.max_length, w)),
-        *_layer_norm(f"{e}.LayerNorm", "encoder/embedder/embedding_norm", w)]
+        copy(f"{e}.word_embeddings.weight", "token_embedder/embedding", (c.vocab_size, w)),
+        copy(f"{e}.position_embeddings.weight", "encoder/embedder/position_embedder/embedding",
+             (c.max_length, w)),
+        *layer_norm(f"{e}.LayerNorm", "encoder/embedder/embedding_norm", w)]
     if c.type_vocab_size:
-        rules.append(_copy(f"{e}.token_type_embeddings.weight",
-                           "encoder/embedder/type_embedder/embedding", (c.type_vocab_size, w)))
+        rules.append(copy(f"{e}.token_type_embeddings.weight",
+                          "encoder/embedder/type_embedder/embedding", (c.type_vocab_size, w)))
     return rules
 
 
-def _mlm_head_rules(dense: str, norm: str, bias: str, c: TransformerConfig) -> List[_Rule]:
+def _mlm_head_rules(dense: str, norm: str, bias: str, c: TransformerConfig) -> List[Rule]:
     w = c.embedding_dim or c.d_model
-    return [_linear(f"{dense}.weight", "mlm_head/transform/kernel", (c.d_model, w)),
-            _copy(f"{dense}.bias", "mlm_head/transform/bias", (w,)),
-            *_layer_norm(norm, "mlm_head/transform_norm", w),
-            _copy(bias, "mlm_head/bias", (c.vocab_size,))]
+    return [linear(f"{dense}.weight", "mlm_head/transform/kernel", (c.d_model, w)),
+            copy(f"{dense}.bias", "mlm_head/transform/bias", (w,)),
+            *layer_norm(norm, "mlm_head/transform_norm", w),
+            copy(bias, "mlm_head/bias", (c.vocab_size,))]
 
 
-def _projection_rules(hf_name: str, c: TransformerConfig) -> List[_Rule]:
+def _projection_rules(hf_name: str, c: TransformerConfig) -> List[Rule]:
     e = c.embedding_dim
     if not (c.project_summed_embeddings and e and e != c.d_model):
         return []
-    return [_linear(f"{hf_name}.weight", "encoder/embedding_projection/kernel", (e, c.d_model)),
-            _copy(f"{hf_name}.bias", "encoder/embedding_projection/bias", (c.d_model,))]
+    return [linear(f"{hf_name}.weight", "encoder/embedding_projection/kernel", (e, c.d_model)),
+            copy(f"{hf_name}.bias", "encoder/embedding_projection/bias", (c.d_model,))]
 
 
-def roberta_rules(c: TransformerConfig) -> List[_Rule]:
+def roberta_rules(c: TransformerConfig) -> List[Rule]:
     rules = _embedding_rules("roberta.embeddings", c)
     for i in range(c.num_encoder_layers):
-        rules += _bert_layer_rules(f"roberta.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+        rules += bert_layer_rules(f"roberta.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
     return rules + _mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", c)
 
 
@@ -184,38 +189,38 @@ _ALBERT_LAYER = {"query": "attention.query", "key": "attention.key", "value": "a
                  "wi": "ffn", "wo": "ffn_output", "mlp_norm": "full_layer_layer_norm"}
 
 
-def albert_rules(c: TransformerConfig, pooler: bool = True, heads: bool = True) -> List[_Rule]:
+def albert_rules(c: TransformerConfig, pooler: bool = True, heads: bool = True) -> List[Rule]:
     d = c.d_model
     rules = _embedding_rules("albert.embeddings", c)
     rules += _projection_rules("albert.encoder.embedding_hidden_mapping_in", c)
-    rules += _bert_layer_rules("albert.encoder.albert_layer_groups.0.albert_layers.0",
-                               f"encoder/layers/{_SHARED}", c, _ALBERT_LAYER)
+    rules += bert_layer_rules("albert.encoder.albert_layer_groups.0.albert_layers.0",
+                              f"encoder/layers/{_SHARED}", c, _ALBERT_LAYER)
     if pooler:
-        rules += [_linear("albert.pooler.weight", "pooler/dense/kernel", (d, d)),
-                  _copy("albert.pooler.bias", "pooler/dense/bias", (d,))]
+        rules += [linear("albert.pooler.weight", "pooler/dense/kernel", (d, d)),
+                  copy("albert.pooler.bias", "pooler/dense/bias", (d,))]
     if heads:
         rules += _mlm_head_rules("predictions.dense", "predictions.LayerNorm", "predictions.bias",
                                  c)
-        rules += [_linear("sop_classifier.classifier.weight", "nsp_head/dense/kernel", (d, 2)),
-                  _copy("sop_classifier.classifier.bias", "nsp_head/dense/bias", (2,))]
+        rules += [linear("sop_classifier.classifier.weight", "nsp_head/dense/kernel", (d, 2)),
+                  copy("sop_classifier.classifier.bias", "nsp_head/dense/bias", (2,))]
     return rules
 
 
-def electra_rules(c: TransformerConfig, generator: bool) -> List[_Rule]:
+def electra_rules(c: TransformerConfig, generator: bool) -> List[Rule]:
     rules = _embedding_rules("electra.embeddings", c)
     rules += _projection_rules("electra.embeddings_project", c)
     for i in range(c.num_encoder_layers):
-        rules += _bert_layer_rules(f"electra.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+        rules += bert_layer_rules(f"electra.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
     if generator:
         return rules + _mlm_head_rules("generator_predictions.dense",
                                        "generator_predictions.LayerNorm",
                                        "generator_lm_head.bias", c)
     d = c.d_model
     p = "discriminator_predictions"
-    return rules + [_linear(f"{p}.dense.weight", "rtd_head/dense/kernel", (d, d)),
-                    _copy(f"{p}.dense.bias", "rtd_head/dense/bias", (d,)),
-                    _linear(f"{p}.dense_prediction.weight", "rtd_head/prediction/kernel", (d, 1)),
-                    _copy(f"{p}.dense_prediction.bias", "rtd_head/prediction/bias", (1,))]
+    return rules + [linear(f"{p}.dense.weight", "rtd_head/dense/kernel", (d, d)),
+                    copy(f"{p}.dense.bias", "rtd_head/dense/bias", (d,)),
+                    linear(f"{p}.dense_prediction.weight", "rtd_head/prediction/kernel", (d, 1)),
+                    copy(f"{p}.dense_prediction.bias", "rtd_head/prediction/bias", (1,))]
 
 
 _DISTIL_LAYER = {"query": "attention.q_lin", "key": "attention.k_lin",
@@ -224,11 +229,11 @@ _DISTIL_LAYER = {"query": "attention.q_lin", "key": "attention.k_lin",
                  "mlp_norm": "output_layer_norm"}
 
 
-def distilbert_rules(c: TransformerConfig) -> List[_Rule]:
+def distilbert_rules(c: TransformerConfig) -> List[Rule]:
     rules = _embedding_rules("distilbert.embeddings", c)
     for i in range(c.num_encoder_layers):
-        rules += _bert_layer_rules(f"distilbert.transformer.layer.{i}",
-                                   f"encoder/layers/layer_{i}", c, _DISTIL_LAYER)
+        rules += bert_layer_rules(f"distilbert.transformer.layer.{i}",
+                                  f"encoder/layers/layer_{i}", c, _DISTIL_LAYER)
     return rules + _mlm_head_rules("vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
                                    c)
 
@@ -243,62 +248,113 @@ def _check_tied(state: Mapping[str, np.ndarray], decoder: str, words: str) -> No
 def _rename(params, old: str, new: str) -> Params:
     """Rename the key `old` under every `layers` node (ALBERT's shared layer)."""
     flat = {tuple(new if (k == old and i and p[i - 1] == "layers") else k
-                  for i, k in enumerate(p)): v for p, v in _flat(params).items()}
+                  for i, k in enumerate(p)): v for p, v in flat_params(params).items()}
     return traverse_util.unflatten_dict(flat)
 
 
-def params_from_hf(model_type: str, state: Mapping[str, np.ndarray], c: TransformerConfig,
-                   architecture: str = "") -> Params:
-    """A RoBERTa / ALBERT / ELECTRA / DistilBERT state dict -> t2t params (see module doc)."""
-    if model_type == "roberta":
-        _check_tied(state, "lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight")
-        return _import(state, roberta_rules(c), c, None)
-    if model_type == "albert":
-        _check_tied(state, "predictions.decoder.weight",
-                    "albert.embeddings.word_embeddings.weight")
-        rules = albert_rules(c, pooler="albert.pooler.weight" in state,
-                             heads="predictions.dense.weight" in state)
-        return _rename(_import(state, rules, c, scan=False), _SHARED, "layer")
-    if model_type == "electra":
-        generator = "generator_lm_head.bias" in state or architecture == "ElectraForMaskedLM"
-        _check_tied(state, "generator_lm_head.weight", "electra.embeddings.word_embeddings.weight")
-        return _import(state, electra_rules(c, generator), c, None)
-    if model_type == "distilbert":
-        _check_tied(state, "vocab_projector.weight",
-                    "distilbert.embeddings.word_embeddings.weight")
-        return _import(state, distilbert_rules(c), c, None)
-    raise ValueError(f"no converter for model_type {model_type!r}")
+def _roberta_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
+    _check_tied(state, "lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight")
+    return import_params(state, roberta_rules(c), c, None)
 
 
-def params_to_hf(model_type: str, c: TransformerConfig, params) -> Dict[str, np.ndarray]:
-    """t2t params -> the HF state dict `params_from_hf` reads (tied decoders left out)."""
-    p = hf._tree(params)
-    if model_type == "roberta":
-        return _export(p, roberta_rules(c))
-    if model_type == "albert":
-        return _export(_rename(p, "layer", _SHARED),
-                       albert_rules(c, pooler="pooler" in p, heads="mlm_head" in p))
-    if model_type == "electra":
-        return _export(p, electra_rules(c, generator="mlm_head" in p))
-    if model_type == "distilbert":
-        return _export(p, distilbert_rules(c))
-    raise ValueError(f"no converter for model_type {model_type!r}")
+def _albert_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
+    _check_tied(state, "predictions.decoder.weight", "albert.embeddings.word_embeddings.weight")
+    rules = albert_rules(c, pooler="albert.pooler.weight" in state,
+                         heads="predictions.dense.weight" in state)
+    return _rename(import_params(state, rules, c, scan=False), _SHARED, "layer")
 
 
-def config_from_hf(model_type: str, d: Mapping) -> TransformerConfig:
-    fns = {"roberta": roberta_config, "albert": albert_config, "electra": electra_config,
-           "distilbert": distilbert_config}
-    return fns[model_type](d)
+def _electra_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
+    generator = "generator_lm_head.bias" in state or architecture == "ElectraForMaskedLM"
+    _check_tied(state, "generator_lm_head.weight", "electra.embeddings.word_embeddings.weight")
+    return import_params(state, electra_rules(c, generator), c, None)
 
 
-def hf_config(model_type: str, c: TransformerConfig, architecture: Optional[str] = None,
-              pad_token_id: int = 1) -> dict:
-    if model_type == "roberta":
-        return roberta_hf_config(c, pad_token_id)
-    if model_type == "albert":
-        return albert_hf_config(c)
-    if model_type == "electra":
-        return electra_hf_config(c, architecture or "ElectraForPreTraining")
-    if model_type == "distilbert":
-        return distilbert_hf_config(c)
-    raise ValueError(f"no converter for model_type {model_type!r}")
+def _distilbert_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
+    _check_tied(state, "vocab_projector.weight", "distilbert.embeddings.word_embeddings.weight")
+    return import_params(state, distilbert_rules(c), c, None)
+
+
+def _albert_to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
+    p = model.params
+    return albert_hf_config(model.config), export_params(
+        _rename(p, "layer", _SHARED), albert_rules(model.config, pooler="pooler" in p,
+                                                   heads="mlm_head" in p))
+
+
+def _electra_to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
+    generator = "rtd_head" not in model.params
+    architecture = "ElectraForMaskedLM" if generator else "ElectraForPreTraining"
+    return (electra_hf_config(model.config, architecture),
+            export_params(model.params, electra_rules(model.config, generator=generator)))
+
+
+# ----------------------------------------------------------------------- logits
+def roberta_positions(input_ids: jax.Array, pad_token_id: int) -> jax.Array:
+    """RoBERTa's (fairseq's) position ids: pad_token_id + 1 + index among non-pad tokens;
+    pad tokens get pad_token_id.  [batch, length] -> [batch, length]."""
+    real = (input_ids != pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + pad_token_id
+
+
+def _electra_logits(model) -> Callable:
+    """Replaced-token logits [batch, length] of a discriminator, else the generator's MLM."""
+    if "rtd_head" not in model.params:
+        return mlm_logits(model, ELECTRA_GENERATOR_ACTIVATION)
+    return _discriminator_fn(model.config)
+
+
+@functools.lru_cache(maxsize=None)
+def _discriminator_fn(config: TransformerConfig):
+    from t2t.models.electra import ElectraDiscriminator
+
+    def fn(params, ids, mask, types):
+        return ElectraDiscriminator(config).apply({"params": params}, ids, mask, types)
+    return jax.jit(fn)
+
+
+# ----------------------------------------------------------------------- t2t trees
+def _keep(*modules: str):
+    """`HfFamily.split` of a class that holds only `modules` of a t2t BertModel tree (an
+    unused NSP head is dropped on export)."""
+    def split(config: TransformerConfig, p: Params, generator=None):
+        return {"model": (None, config, {k: v for k, v in p.items() if k in modules})}
+    return split
+
+
+def _electra_split(config: TransformerConfig, p: Params, generator=None):
+    """An ELECTRA pretraining tree (`t2t.models.electra.ElectraPretraining`, with its
+    `generator` config) -> "generator" (ElectraForMaskedLM) and "discriminator"
+    (ElectraForPreTraining), each with the shared embeddings; any other tree whole."""
+    if "generator" not in p:
+        return {"model": (None, config, p)}
+    if generator is None:
+        raise PretrainedError("an ELECTRA pretraining tree needs the generator's config")
+    shared = {"token_embedder": p["token_embedder"]}
+
+    def encoder(stack):
+        return {"embedder": p["embedder"], **p[stack]}
+    disc = {**shared, "encoder": encoder("discriminator"), "rtd_head": p["rtd_head"]}
+    gen = {**shared, "encoder": encoder("generator"), "mlm_head": p["generator_head"]}
+    d_cfg = config.replace(embedding_dim=config.embedding_dim or config.d_model,
+                           project_summed_embeddings=True)
+    return {"generator": ("ElectraForMaskedLM", generator, gen),
+            "discriminator": ("ElectraForPreTraining", d_cfg, disc)}
+
+
+ROBERTA = HfFamily(
+    "roberta", ("RobertaForMaskedLM",), roberta_config, _roberta_params,
+    lambda model: (roberta_hf_config(model.config, model.pad_token_id),
+                   export_params(model.params, roberta_rules(model.config))),
+    functools.partial(mlm_logits, mlm_activation=ROBERTA_MLM_ACTIVATION,
+                      positions=roberta_positions),
+    pad_token_id=1, split=_keep("token_embedder", "encoder", "mlm_head"))
+ALBERT = HfFamily("albert", ("AlbertForPreTraining",), albert_config, _albert_params,
+                  _albert_to_hf, mlm_logits)
+ELECTRA = HfFamily("electra", ("ElectraForPreTraining", "ElectraForMaskedLM"), electra_config,
+                   _electra_params, _electra_to_hf, _electra_logits, split=_electra_split)
+DISTILBERT = HfFamily(
+    "distilbert", ("DistilBertForMaskedLM",), distilbert_config, _distilbert_params,
+    lambda model: (distilbert_hf_config(model.config),
+                   export_params(model.params, distilbert_rules(model.config))),
+    mlm_logits, split=_keep("token_embedder", "encoder", "mlm_head"))

@@ -16,7 +16,10 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from t2t.convert import hf
+from t2t.convert.hf_common import HfFamily, common_checks, require
+from t2t.convert.hf_gpt2 import gpt2_rules, gpt_layer_rules, lm_logits
+from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, copy, export_params,
+                               import_params, linear)
 from t2t.nn.config import TransformerConfig
 
 MODEL_TYPE = "openai-gpt"
@@ -47,16 +50,16 @@ def openai_gpt_config(d: Mapping) -> TransformerConfig:
 def openai_gpt_hf_config(config: TransformerConfig, architecture: str = ARCHITECTURE) -> dict:
     """TransformerConfig -> HF `OpenAIGPTConfig` dict (checks the config is a GPT-1)."""
     c = config
-    hf._require(c.norm_type == "layer" and not c.pre_norm and c.use_bias, "OpenAI GPT",
-                "needs norm_type='layer', pre_norm=False, use_bias=True")
-    hf._require(c.position_embedding == "learned" and not c.type_vocab_size
-                and not c.embedding_norm and c.tie_embeddings, "OpenAI GPT",
-                "needs learned positions, no type embeddings or embedding_norm, tied output")
-    hf._require(c.d_ff == 4 * c.d_model, "OpenAI GPT", f"needs d_ff = 4 * d_model, got {c.d_ff}")
-    hf._require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in _ACT_TO_HF,
-                "OpenAI GPT", f"mlp_activations={c.mlp_activations} is not one of "
-                f"{sorted(_ACT_TO_HF)}")
-    hf._common_checks(c, "OpenAI GPT")
+    require(c.norm_type == "layer" and not c.pre_norm and c.use_bias, "OpenAI GPT",
+            "needs norm_type='layer', pre_norm=False, use_bias=True")
+    require(c.position_embedding == "learned" and not c.type_vocab_size
+            and not c.embedding_norm and c.tie_embeddings, "OpenAI GPT",
+            "needs learned positions, no type embeddings or embedding_norm, tied output")
+    require(c.d_ff == 4 * c.d_model, "OpenAI GPT", f"needs d_ff = 4 * d_model, got {c.d_ff}")
+    require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in _ACT_TO_HF,
+            "OpenAI GPT", f"mlp_activations={c.mlp_activations} is not one of "
+            f"{sorted(_ACT_TO_HF)}")
+    common_checks(c, "OpenAI GPT")
     return {"architectures": [architecture], "model_type": MODEL_TYPE,
             "vocab_size": c.vocab_size, "n_positions": c.max_length, "n_embd": c.d_model,
             "n_layer": c.num_decoder_layers, "n_head": c.num_heads,
@@ -65,27 +68,14 @@ def openai_gpt_hf_config(config: TransformerConfig, architecture: str = ARCHITEC
             "layer_norm_epsilon": c.norm_eps, "initializer_range": c.initializer_range}
 
 
-def rules(c: TransformerConfig, root: str = "transformer.") -> List[hf._Rule]:
+def rules(c: TransformerConfig, root: str = "transformer.") -> List[Rule]:
     """HF OpenAI GPT tensor names <-> `Decoder` param paths."""
-    d, h, k, f = c.d_model, c.num_heads, c.head_dim, c.d_ff
-    out = [hf._copy(f"{root}tokens_embed.weight", "token_embedder/embedding", (c.vocab_size, d)),
-           hf._copy(f"{root}positions_embed.weight", "embedder/position_embedder/embedding",
-                    (c.max_length, d))]
-    for i in range(c.num_decoder_layers):
-        name, t = f"{root}h.{i}", f"layers/layer_{i}"
-        out += [
-            hf._gpt2_c_attn(f"{name}.attn.c_attn", f"{t}/self_attention", c, "kernel"),
-            hf._gpt2_c_attn(f"{name}.attn.c_attn", f"{t}/self_attention", c, "bias"),
-            hf._reshape(f"{name}.attn.c_proj.weight", f"{t}/self_attention/out/kernel",
-                        (h * k, d), (h, k, d)),
-            hf._copy(f"{name}.attn.c_proj.bias", f"{t}/self_attention/out/bias", (d,)),
-            *hf._layer_norm(f"{name}.ln_1", f"{t}/self_attention_norm", d),   # post-LN
-            hf._copy(f"{name}.mlp.c_fc.weight", f"{t}/mlp/wi/kernel", (d, f)),  # Conv1D [in, out]
-            hf._copy(f"{name}.mlp.c_fc.bias", f"{t}/mlp/wi/bias", (f,)),
-            hf._copy(f"{name}.mlp.c_proj.weight", f"{t}/mlp/wo/kernel", (f, d)),
-            hf._copy(f"{name}.mlp.c_proj.bias", f"{t}/mlp/wo/bias", (d,)),
-            *hf._layer_norm(f"{name}.ln_2", f"{t}/mlp_norm", d),
-        ]
+    d = c.d_model
+    out = [copy(f"{root}tokens_embed.weight", "token_embedder/embedding", (c.vocab_size, d)),
+           copy(f"{root}positions_embed.weight", "embedder/position_embedder/embedding",
+                (c.max_length, d))]
+    for i in range(c.num_decoder_layers):      # post-LN: ln_1, ln_2 after their sublayer
+        out += gpt_layer_rules(f"{root}h.{i}", f"layers/layer_{i}", c)
     return out
 
 
@@ -95,55 +85,66 @@ def _root(state: Mapping[str, np.ndarray]) -> str:
 
 def _check_tied(state: Mapping[str, np.ndarray], table: str) -> None:
     if "lm_head.weight" in state and not np.array_equal(state["lm_head.weight"], state[table]):
-        raise hf.CheckpointMismatchError(f"lm_head.weight differs from {table}; t2t's GPT "
-                                         "output is tied")
+        raise CheckpointMismatchError(f"lm_head.weight differs from {table}; t2t's GPT "
+                                      "output is tied")
 
 
 def params_from_hf(state: Mapping[str, np.ndarray], config: TransformerConfig,
-                   scan: Optional[bool] = None) -> hf.Params:
+                   scan: Optional[bool] = None) -> Params:
     """OpenAIGPTLMHeadModel / OpenAIGPTModel state dict (numpy) -> `Decoder` params."""
     root = _root(state)
     _check_tied(state, f"{root}tokens_embed.weight")
-    return hf._import(state, rules(config, root), config, scan)
+    return import_params(state, rules(config, root), config, scan)
 
 
-def params_to_hf(config: TransformerConfig, params: hf.Params) -> Dict[str, np.ndarray]:
+def params_to_hf(config: TransformerConfig, params: Params) -> Dict[str, np.ndarray]:
     """`Decoder` params -> OpenAIGPTLMHeadModel state dict (`transformer.` names)."""
-    return hf._export(params, rules(config))
+    return export_params(params, rules(config))
 
 
 # ----------------------------------------------------------------------- double heads
-_FAMILY_RULES = {"openai-gpt": rules, "gpt2": hf._gpt2_rules}
+# model_type -> (the trunk's table, its tied word embedding)
+_TRUNKS = {MODEL_TYPE: (rules, "transformer.tokens_embed.weight"),
+           "gpt2": (gpt2_rules, "transformer.wte.weight")}
 
 
-def _under_decoder(rule: hf._Rule) -> hf._Rule:
+def _under_decoder(rule: Rule) -> Rule:
     return dataclasses.replace(rule, paths=tuple(("decoder",) + p for p in rule.paths))
 
 
-def double_heads_rules(model_type: str, c: TransformerConfig) -> List[hf._Rule]:
+def _trunk(model_type: str):
+    if model_type not in _TRUNKS:
+        raise ValueError(f"double heads: model_type {model_type!r}; choose one of "
+                         f"{sorted(_TRUNKS)}")
+    return _TRUNKS[model_type]
+
+
+def double_heads_rules(model_type: str, c: TransformerConfig) -> List[Rule]:
     """`OpenAIGPTDoubleHeadsModel` / `GPT2DoubleHeadsModel` names <-> `GptFormatHead`
     ("choice") paths: the trunk under ``decoder``, the summary Linear(d, 1) as the
     classifier."""
-    if model_type not in _FAMILY_RULES:
-        raise ValueError(f"double heads: model_type {model_type!r}; choose one of "
-                         f"{sorted(_FAMILY_RULES)}")
-    trunk = [_under_decoder(r) for r in _FAMILY_RULES[model_type](c, "transformer.")]
-    return trunk + [hf._linear("multiple_choice_head.summary.weight",
-                               "classifier/dense/kernel", (c.d_model, 1)),
-                    hf._copy("multiple_choice_head.summary.bias", "classifier/dense/bias", (1,))]
+    trunk = [_under_decoder(r) for r in _trunk(model_type)[0](c, "transformer.")]
+    return trunk + [linear("multiple_choice_head.summary.weight",
+                           "classifier/dense/kernel", (c.d_model, 1)),
+                    copy("multiple_choice_head.summary.bias", "classifier/dense/bias", (1,))]
 
 
 def double_heads_from_hf(model_type: str, state: Mapping[str, np.ndarray],
-                         config: TransformerConfig) -> hf.Params:
+                         config: TransformerConfig) -> Params:
     """A double-heads state dict (numpy) -> `GptFormatHead` params."""
-    table = "transformer.tokens_embed.weight" if model_type == MODEL_TYPE else \
-        "transformer.wte.weight"
-    _check_tied(state, table)
-    return hf._import(state, double_heads_rules(model_type, config), config, False)
+    _check_tied(state, _trunk(model_type)[1])
+    return import_params(state, double_heads_rules(model_type, config), config, False)
 
 
 def double_heads_to_hf(model_type: str, config: TransformerConfig,
-                       params: hf.Params) -> Dict[str, np.ndarray]:
+                       params: Params) -> Dict[str, np.ndarray]:
     """`GptFormatHead` ("choice") params -> a double-heads state dict (tied lm_head left
     out, as HF's own files)."""
-    return hf._export(params, double_heads_rules(model_type, config))
+    return export_params(params, double_heads_rules(model_type, config))
+
+
+GPT1 = HfFamily(MODEL_TYPE, (ARCHITECTURE, "OpenAIGPTModel"), openai_gpt_config,
+                lambda state, config, architecture: params_from_hf(state, config),
+                lambda model: (openai_gpt_hf_config(model.config),
+                               params_to_hf(model.config, model.params)),
+                lm_logits)

@@ -14,13 +14,15 @@ The fine-tuning heads (`XLNetForSequenceClassification`, `XLNetForMultipleChoice
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional
+import functools
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
+import jax
 import numpy as np
 
-from t2t.convert import hf
-from t2t.convert.hf import (CheckpointMismatchError, _act, _copy, _import, _layer_norm,
-                            _linear, _require, _reshape, _Rule, _split, _T2T_ACT_TO_HF)
+from t2t.convert.hf_common import T2T_TO_HF_ACTIVATION, HfFamily, activation, require
+from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, copy, export_params,
+                               import_params, layer_norm, linear, reshape, split, tree)
 from t2t.models.xlnet import XLNetOptions
 from t2t.nn.config import TransformerConfig
 
@@ -43,7 +45,7 @@ def xlnet_config(d: Mapping) -> TransformerConfig:
         vocab_size=d["vocab_size"], d_model=d_model, num_heads=heads,
         head_dim=d.get("d_head", d_model // heads), d_ff=d["d_inner"],
         num_encoder_layers=d["n_layer"], num_decoder_layers=0,
-        mlp_activations=(_act(d.get("ff_activation", "gelu"), "XLNet"),),
+        mlp_activations=(activation(d.get("ff_activation", "gelu"), "XLNet"),),
         norm_type="layer", norm_eps=d.get("layer_norm_eps", 1e-12), pre_norm=False,
         use_bias=True, position_embedding="none", type_vocab_size=0, tie_embeddings=True,
         attention_scale="sqrt", dropout_rate=dropout, attention_dropout_rate=dropout,
@@ -76,23 +78,23 @@ def xlnet_hf_config(c: TransformerConfig, options: Optional[XLNetOptions] = None
     `architecture` (`XLNetLMHeadModel`, or one of `HEADS` with `num_labels`)."""
     options = options or XLNetOptions()
     family = "XLNet"
-    _require(c.norm_type == "layer" and not c.pre_norm and c.use_bias, family,
-             "needs post-LN LayerNorm and biases")
-    _require(c.num_heads * c.head_dim == c.d_model, family, "needs num_heads*head_dim == d_model")
-    _require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in _T2T_ACT_TO_HF, family,
-             f"mlp_activations={c.mlp_activations} is not one HF activation")
-    _require(c.tie_embeddings and c.embedding_dim in (None, c.d_model) and not c.share_layers
-             and c.type_vocab_size == 0 and not c.scale_embeddings, family,
-             "needs tied, unfactorized, unscaled embeddings and no type table or sharing")
-    _require(c.dropout_rate == c.attn_dropout_rate == c.mlp_dropout_rate, family,
-             "has one dropout rate (dropout_rate, attention and mlp dropout must be equal)")
+    require(c.norm_type == "layer" and not c.pre_norm and c.use_bias, family,
+            "needs post-LN LayerNorm and biases")
+    require(c.num_heads * c.head_dim == c.d_model, family, "needs num_heads*head_dim == d_model")
+    require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in T2T_TO_HF_ACTIVATION, family,
+            f"mlp_activations={c.mlp_activations} is not one HF activation")
+    require(c.tie_embeddings and c.embedding_dim in (None, c.d_model) and not c.share_layers
+            and c.type_vocab_size == 0 and not c.scale_embeddings, family,
+            "needs tied, unfactorized, unscaled embeddings and no type table or sharing")
+    require(c.dropout_rate == c.attn_dropout_rate == c.mlp_dropout_rate, family,
+            "has one dropout rate (dropout_rate, attention and mlp dropout must be equal)")
     labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(num_labels)},
               "label2id": {f"LABEL_{i}": i for i in range(num_labels)}}
     return {"architectures": [architecture], "model_type": "xlnet", **SUMMARY, **labels,
             "summary_last_dropout": options.summary_last_dropout,
             "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layer": c.num_encoder_layers,
             "n_head": c.num_heads, "d_head": c.head_dim, "d_inner": c.d_ff,
-            "ff_activation": _T2T_ACT_TO_HF[c.mlp_activations[0]], "untie_r": True,
+            "ff_activation": T2T_TO_HF_ACTIVATION[c.mlp_activations[0]], "untie_r": True,
             "attn_type": options.attn_type, "initializer_range": c.initializer_range,
             "layer_norm_eps": c.norm_eps, "dropout": c.dropout_rate,
             "mem_len": options.mem_len or None, "reuse_len": None, "bi_data": False,
@@ -100,56 +102,56 @@ def xlnet_hf_config(c: TransformerConfig, options: Optional[XLNetOptions] = None
             "pad_token_id": pad_token_id, "bos_token_id": 1, "eos_token_id": 2}
 
 
-def _out_projection(hf_name: str, path: str, c: TransformerConfig) -> _Rule:
+def _out_projection(hf_name: str, path: str, c: TransformerConfig) -> Rule:
     """HF `o` [d, heads, head_dim] <-> t2t out kernel [heads, head_dim, d]."""
     d, h, k = c.d_model, c.num_heads, c.head_dim
-    return _Rule(hf_name, (d, h, k), (_split(path),), ((h, k, d),),
-                 lambda w: (np.transpose(w, (1, 2, 0)),),
-                 lambda ws: np.transpose(ws[0], (2, 0, 1)))
+    return Rule(hf_name, (d, h, k), (split(path),), ((h, k, d),),
+                lambda w: (np.transpose(w, (1, 2, 0)),),
+                lambda ws: np.transpose(ws[0], (2, 0, 1)))
 
 
 def xlnet_rules(c: TransformerConfig, root: str = "transformer.", lm_head: bool = True,
-                prefix: str = "") -> List[_Rule]:
+                prefix: str = "") -> List[Rule]:
     """The table HF name <-> t2t path; `root` is "transformer." for the LM head model (and
     the fine-tuning heads, whose t2t paths start with `prefix` "transformer/")."""
     d, h, k, f, v = c.d_model, c.num_heads, c.head_dim, c.d_ff, c.vocab_size
-    rules = [_copy(f"{root}word_embedding.weight", f"{prefix}token_embedder/embedding", (v, d),
-                   aliases=("lm_loss.weight",) if lm_head else ()),
-             _reshape(f"{root}mask_emb", f"{prefix}mask_emb", (1, 1, d), (d,))]
+    rules = [copy(f"{root}word_embedding.weight", f"{prefix}token_embedder/embedding", (v, d),
+                  aliases=("lm_loss.weight",) if lm_head else ()),
+             reshape(f"{root}mask_emb", f"{prefix}mask_emb", (1, 1, d), (d,))]
     for i in range(c.num_encoder_layers):
         a, t = f"{root}layer.{i}.rel_attn", f"{prefix}layer_{i}/attention"
-        rules += [_copy(f"{a}.{n}", f"{t}/{name}/kernel", (d, h, k))
+        rules += [copy(f"{a}.{n}", f"{t}/{name}/kernel", (d, h, k))
                   for n, name in (("q", "query"), ("k", "key"), ("v", "value"),
                                   ("r", "relative"))]
         rules += [_out_projection(f"{a}.o", f"{t}/out/kernel", c),
-                  *[_copy(f"{a}.{n}", f"{t}/{n}", (h, k))
+                  *[copy(f"{a}.{n}", f"{t}/{n}", (h, k))
                     for n in ("r_w_bias", "r_r_bias", "r_s_bias")],
-                  _copy(f"{a}.seg_embed", f"{t}/seg_embed", (2, h, k)),
-                  *_layer_norm(f"{a}.layer_norm", f"{t}/norm", d)]
+                  copy(f"{a}.seg_embed", f"{t}/seg_embed", (2, h, k)),
+                  *layer_norm(f"{a}.layer_norm", f"{t}/norm", d)]
         ff, t = f"{root}layer.{i}.ff", f"{prefix}layer_{i}"
-        rules += [_linear(f"{ff}.layer_1.weight", f"{t}/mlp/wi/kernel", (d, f)),
-                  _copy(f"{ff}.layer_1.bias", f"{t}/mlp/wi/bias", (f,)),
-                  _linear(f"{ff}.layer_2.weight", f"{t}/mlp/wo/kernel", (f, d)),
-                  _copy(f"{ff}.layer_2.bias", f"{t}/mlp/wo/bias", (d,)),
-                  *_layer_norm(f"{ff}.layer_norm", f"{t}/mlp_norm", d)]
+        rules += [linear(f"{ff}.layer_1.weight", f"{t}/mlp/wi/kernel", (d, f)),
+                  copy(f"{ff}.layer_1.bias", f"{t}/mlp/wi/bias", (f,)),
+                  linear(f"{ff}.layer_2.weight", f"{t}/mlp/wo/kernel", (f, d)),
+                  copy(f"{ff}.layer_2.bias", f"{t}/mlp/wo/bias", (d,)),
+                  *layer_norm(f"{ff}.layer_norm", f"{t}/mlp_norm", d)]
     if root and lm_head:
-        rules.append(_copy("lm_loss.bias", "lm_bias", (v,)))
+        rules.append(copy("lm_loss.bias", "lm_bias", (v,)))
     return rules
 
 
-def head_rules(c: TransformerConfig, num_outputs: int) -> List[_Rule]:
+def head_rules(c: TransformerConfig, num_outputs: int) -> List[Rule]:
     """`XLNetForSequenceClassification` / `XLNetForMultipleChoice` (num_outputs 1): the
     backbone under `transformer/`, the summary projection and `logits_proj`."""
     d = c.d_model
     return [*xlnet_rules(c, lm_head=False, prefix="transformer/"),
-            _linear("sequence_summary.summary.weight", "sequence_summary/summary/kernel", (d, d)),
-            _copy("sequence_summary.summary.bias", "sequence_summary/summary/bias", (d,)),
-            _linear("logits_proj.weight", "logits_proj/kernel", (d, num_outputs)),
-            _copy("logits_proj.bias", "logits_proj/bias", (num_outputs,))]
+            linear("sequence_summary.summary.weight", "sequence_summary/summary/kernel", (d, d)),
+            copy("sequence_summary.summary.bias", "sequence_summary/summary/bias", (d,)),
+            linear("logits_proj.weight", "logits_proj/kernel", (d, num_outputs)),
+            copy("logits_proj.bias", "logits_proj/bias", (num_outputs,))]
 
 
 def params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig,
-                   architecture: str = ARCHITECTURE) -> hf.Params:
+                   architecture: str = ARCHITECTURE) -> Params:
     """An `XLNetLMHeadModel` (or bare `XLNetModel`: then `lm_bias` is zero) state dict ->
     XLNet params; for one of `HEADS`, `XLNetClassifierHead` params."""
     if architecture in HEADS:
@@ -157,13 +159,13 @@ def params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig,
             raise CheckpointMismatchError(f"this {architecture} checkpoint has no "
                                           "'logits_proj.weight'")
         outputs = np.shape(state["logits_proj.weight"])[0]
-        return _import(state, head_rules(c, outputs), c, scan=False)
+        return import_params(state, head_rules(c, outputs), c, scan=False)
     root = "transformer." if any(n.startswith("transformer.") for n in state) else ""
     words, head = state.get(f"{root}word_embedding.weight"), state.get("lm_loss.weight")
     if words is not None and head is not None and not np.array_equal(words, head):
         raise CheckpointMismatchError("lm_loss.weight differs from the word embedding; t2t's "
                                       "XLNet ties its LM head to the token table")
-    params = _import(state, xlnet_rules(c, root), c, scan=False)
+    params = import_params(state, xlnet_rules(c, root), c, scan=False)
     if not root:
         params["lm_bias"] = np.zeros((c.vocab_size,), c.params_dtype)
     return params
@@ -171,8 +173,8 @@ def params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig,
 
 def num_outputs(params) -> Optional[int]:
     """The head's output count of `XLNetClassifierHead` params; None for an LM tree."""
-    tree = hf._tree(params)
-    return tree["logits_proj"]["kernel"].shape[-1] if "logits_proj" in tree else None
+    p = tree(params)
+    return p["logits_proj"]["kernel"].shape[-1] if "logits_proj" in p else None
 
 
 def params_to_hf(c: TransformerConfig, params) -> Dict[str, np.ndarray]:
@@ -180,4 +182,51 @@ def params_to_hf(c: TransformerConfig, params) -> Dict[str, np.ndarray]:
     as `transformers` writes it too); `XLNetClassifierHead` params -> the head's."""
     outputs = num_outputs(params)
     rules = xlnet_rules(c) if outputs is None else head_rules(c, outputs)
-    return hf._export(hf._tree(params), rules)
+    return export_params(tree(params), rules)
+
+
+# ----------------------------------------------------------------------- as a HfFamily
+def _params_from_hf(state: Mapping[str, np.ndarray], c: TransformerConfig,
+                    architecture: str) -> Params:
+    return params_from_hf(state, c, architecture)
+
+
+def _check(d: Mapping, architecture: str) -> None:
+    if architecture in HEADS:
+        check_summary(d)
+
+
+def _to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
+    outputs = num_outputs(model.params)
+    architecture = ARCHITECTURE if outputs is None else (
+        "XLNetForMultipleChoice" if model.architecture == "XLNetForMultipleChoice"
+        else "XLNetForSequenceClassification")
+    return (xlnet_hf_config(model.config, model.options, model.pad_token_id, architecture,
+                            outputs or 2),
+            params_to_hf(model.config, model.params))
+
+
+def _logits(model) -> Callable:
+    """LM logits of the content stream over the whole input; a head's class logits
+    ([batch, labels], or [batch, choices] for inputs [batch, choices, length])."""
+    outputs = num_outputs(model.params) if model.architecture in HEADS else None
+    return _logits_fn(model.config, model.options, outputs)
+
+
+@functools.lru_cache(maxsize=None)
+def _logits_fn(config: TransformerConfig, options: XLNetOptions, outputs: Optional[int]):
+    from t2t.models.xlnet import XLNet
+    from t2t.models.xlnet_heads import XLNetClassifierHead
+
+    if outputs is not None:
+        def fn(params, ids, mask, types):
+            return XLNetClassifierHead(config, outputs, options).apply({"params": params}, ids,
+                                                                       mask, types)
+    else:
+        def fn(params, ids, mask, types):
+            return XLNet(config, options).apply({"params": params}, ids, mask, types)[0]
+    return jax.jit(fn)
+
+
+XLNET = HfFamily("xlnet", (ARCHITECTURE, "XLNetModel") + HEADS, xlnet_config, _params_from_hf,
+                 _to_hf, _logits, pad_token_id=5, options_from_hf=xlnet_options, check=_check)

@@ -38,7 +38,8 @@ def shift_right(tokens: np.ndarray, positions: np.ndarray, segment_ids: np.ndarr
     return np.where(segment_ids > 0, shifted, 0).astype(np.int32)
 
 
-def _trim(value: Any, length: int) -> tuple[np.ndarray, int]:
+def trim(value: Any, length: int) -> tuple[np.ndarray, int]:
+    """(the first `length` ids of `value` as int32, how many were cut)."""
     value = np.asarray(value, dtype=np.int32).reshape(-1)
     return value[:length], max(len(value) - length, 0)
 
@@ -86,8 +87,8 @@ class EncDecConverter(FeatureConverter):
         self.packed_lengths = {"inputs": self.lengths["inputs"], "targets": self.lengths["targets"]}
 
     def prepare(self, example):
-        inputs, cut_inputs = _trim(example["inputs"], self.lengths["inputs"])
-        targets, cut_targets = _trim(example["targets"], self.lengths["targets"])
+        inputs, cut_inputs = trim(example["inputs"], self.lengths["inputs"])
+        targets, cut_targets = trim(example["targets"], self.lengths["targets"])
         if len(targets) == 0:
             raise SkipExample("empty")
         return {"inputs": inputs, "targets": targets}, cut_inputs + cut_targets
@@ -116,7 +117,7 @@ class LMConverter(FeatureConverter):
 
     def prepare(self, example):
         targets = example["targets"] if "targets" in example else example["tokens"]
-        targets, cut = _trim(targets, self.lengths["targets"])
+        targets, cut = trim(targets, self.lengths["targets"])
         if len(targets) == 0:
             raise SkipExample("empty")
         return {"targets": targets}, cut
@@ -158,8 +159,8 @@ class PrefixLMConverter(FeatureConverter):
         if len(targets) == 0:
             raise SkipExample("empty")
         total = self.packed_lengths["targets"]
-        inputs, cut_inputs = _trim(inputs, total - min(len(targets), self.lengths["targets"]))
-        concat, cut = _trim(np.concatenate([inputs, targets]), total)
+        inputs, cut_inputs = trim(inputs, total - min(len(targets), self.lengths["targets"]))
+        concat, cut = trim(np.concatenate([inputs, targets]), total)
         cut += cut_inputs
         width = np.full(len(concat), len(inputs), np.int32)
         return {"targets": concat, "inputs_width": width}, cut
@@ -201,16 +202,16 @@ class EncoderConverter(FeatureConverter):
 
     def prepare(self, example):
         tokens = example["inputs"] if "inputs" in example else example["tokens"]
-        inputs, cut = _trim(tokens, self.lengths["inputs"])
+        inputs, cut = trim(tokens, self.lengths["inputs"])
         if len(inputs) == 0:
             raise SkipExample("empty")
         types = example.get("token_type_ids")
-        types = np.zeros(len(inputs), np.int32) if types is None else _trim(types, len(inputs))[0]
+        types = np.zeros(len(inputs), np.int32) if types is None else trim(types, len(inputs))[0]
         positions = np.asarray(example.get("masked_positions", ()), np.int32)
         ids = np.asarray(example.get("masked_ids", ()), np.int32)
         weights = np.asarray(example.get("masked_weights", np.ones(len(positions))), np.float32)
         keep = (weights > 0) & (positions < len(inputs))
-        positions, cut_p = _trim(positions[keep], self.lengths["max_predictions"])
+        positions, cut_p = trim(positions[keep], self.lengths["max_predictions"])
         ids = ids[keep][:len(positions)]
         out = {"inputs": inputs, "token_type_ids": types, "masked_positions": positions,
                "masked_ids": ids}

@@ -22,7 +22,7 @@ from t2t.data.converters import FeatureConverter
 from t2t.data.pipeline import BatchIterator, make_pipeline
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import SPLITS, InvalidRecord, RandomAccessSource
-from t2t.data.tasks import Task, _TaskFn, get_task
+from t2t.data.tasks import Task, TaskFn, get_task
 from t2t.evaluation import metrics
 
 
@@ -87,7 +87,7 @@ class FinetuneTask(Task):
         """``Task.get_pipeline`` over ``split`` (default: the first split, ``train``)."""
         self.vocabulary  # resolve once here, not in every worker
         source = self.get_source(split or self.splits[0])
-        return make_pipeline(source, _TaskFn(self, converter.lengths), converter, batch_size,
+        return make_pipeline(source, TaskFn(self, converter.lengths), converter, batch_size,
                              seed, **kwargs)
 
     def examples(self, split: str, max_examples: int | None = None) -> list[dict]:
@@ -379,4 +379,4 @@ def classification_examples(task: str | FinetuneTask, split: str, vocabulary: An
     regression = any(isinstance(x, float) for x in labels)
     return {"encoder_input_tokens": tokens, "encoder_segment_ids": segments,
             "token_type_ids": types_, "target" if regression else "label":
-                np.asarray(labels, np.float32 if regression else np.int32)}
+            np.asarray(labels, np.float32 if regression else np.int32)}

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from t2t.data import preprocessors as prep
-from t2t.data.converters import FeatureConverter, _trim
+from t2t.data.converters import FeatureConverter, trim
 from t2t.data.preprocessors import SkipExample
 from t2t.data.vocab import word_pieces
 
@@ -134,7 +134,7 @@ class PermutationLmConverter(FeatureConverter):
         if len(tokens) > length or len(example[MEMORY_KEY]) != memory:
             raise SkipExample(f"window of {len(tokens)} tokens / memory of "
                               f"{len(example[MEMORY_KEY])}; the lengths are {length} / {memory}")
-        positions, cut = _trim(example["masked_positions"], self.lengths["max_predictions"])
+        positions, cut = trim(example["masked_positions"], self.lengths["max_predictions"])
         out = {"inputs": tokens, "token_type_ids": np.asarray(example["token_type_ids"], np.int32),
                "factorization_ranks": np.asarray(example["factorization_ranks"], np.int32),
                MEMORY_KEY: np.asarray(example[MEMORY_KEY], np.int32),

@@ -20,7 +20,7 @@ import itertools
 import os
 from typing import Iterable, Sequence
 
-from t2t.data.vocab import GPT2BPEVocabulary, _ints, _word_starts
+from t2t.data.vocab import GPT2BPEVocabulary, as_ints, word_starts
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 OFFSET = len(SPECIALS)
@@ -64,9 +64,9 @@ class RobertaBPEVocabulary(GPT2BPEVocabulary):
         """`vocab.word_pieces` in one call of the tokenizer, each text as `tokenize_words`
         encodes it (with its leading space)."""
         encodings = self._tok.encode_batch([" " + t.lstrip() for t in texts])
-        return [([t + OFFSET for t in e.ids], _word_starts(e.word_ids)) for e in encodings]
+        return [([t + OFFSET for t in e.ids], word_starts(e.word_ids)) for e in encodings]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = False) -> str:
         """Ids to text, special ids (and <mask>) dropped."""
-        return super().decode([i - OFFSET for i in _ints(ids)
+        return super().decode([i - OFFSET for i in as_ints(ids)
                                if i >= OFFSET and i != self.mask_id], stop_at_eos=False)

@@ -60,11 +60,12 @@ class Vocabulary(abc.ABC):
         return [self.decode(ids) for ids in batch]
 
 
-def _ints(ids: Iterable[int]) -> list[int]:
+def as_ints(ids: Iterable[int]) -> list[int]:
+    """`ids` as a list of Python ints."""
     return [int(i) for i in ids]  # accepts numpy arrays and numpy scalars
 
 
-def _word_starts(word_ids: Sequence[int | None]) -> list[bool]:
+def word_starts(word_ids: Sequence[int | None]) -> list[bool]:
     """Per token, whether it begins a word (its word index differs from the token before)."""
     return [k == 0 or word_ids[k] != word_ids[k - 1] for k in range(len(word_ids))]
 
@@ -171,7 +172,7 @@ class SentencePieceVocabulary(Vocabulary):
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True) -> str:
         """Ids to text: stops at the first EOS, drops padding, out-of-range ids become unk."""
         out = []
-        for i in _ints(ids):
+        for i in as_ints(ids):
             if i == self.eos_id and stop_at_eos:
                 break
             if i != self.pad_id:
@@ -350,11 +351,11 @@ class WordPieceVocabulary(Vocabulary):
         """`word_pieces` for many texts in one call of the tokenizer (its threads, not a
         Python loop): each text's ids and whether each id begins a word."""
         encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        return [(e.ids, _word_starts(e.word_ids)) for e in encodings]
+        return [(e.ids, word_starts(e.word_ids)) for e in encodings]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Ids to text; drops [PAD] always and [CLS]/[SEP]/[MASK] unless told to keep them."""
-        ids = [i for i in _ints(ids) if i != self.pad_id]
+        ids = [i for i in as_ints(ids) if i != self.pad_id]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
@@ -409,7 +410,7 @@ class GPT2BPEVocabulary(Vocabulary):
         return [e.ids for e in self._tok.encode_batch(list(texts))]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True) -> str:
-        ids = _ints(ids)
+        ids = as_ints(ids)
         if stop_at_eos and self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
         return self._tok.decode(ids, skip_special_tokens=False)

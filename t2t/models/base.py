@@ -1,4 +1,4 @@
-"""The model contract every family honours, so the trainer never branches on family.
+"""The model contract every family honours, so the trainer calls every family alike.
 
 `init(rng, batch) -> params` (logically boxed), `loss_fn(params, batch, rng) -> (loss,
 metrics)`, `score(params, batch) -> [batch] log-likelihood of the targets`,

@@ -291,13 +291,13 @@ def example_weights(batch: Batch, key: str = "encoder_segment_ids") -> jax.Array
     return jnp.any(seg.reshape(seg.shape[0], -1) > 0, axis=-1).astype(jnp.float32)
 
 
-def _log_prob(logits: jax.Array, labels: jax.Array) -> jax.Array:
+def log_prob(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """log softmax(logits [..., C]) at labels [...] -> [...]."""
     lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(lp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-class _FineTuningModel(Model):
+class FineTuningModel(Model):
     """Shared parts: constructor, pretrained loading, example-weighted cross-entropy."""
 
     family = "bert"
@@ -365,7 +365,7 @@ class _FineTuningModel(Model):
                       "accuracy": losses.accuracy(logits, labels, weights)}
 
 
-class SequenceClassifier(_FineTuningModel):
+class SequenceClassifier(FineTuningModel):
     """GLUE-style classification of a sentence or a sentence pair (`token_type_ids`) from
     the pooled [CLS] (`pooling="cls"`), the pooled last real token (`"last"`, for a
     left-to-right trunk: `TransformerConfig.encoder_causal`), or a randomly initialised
@@ -386,14 +386,14 @@ class SequenceClassifier(_FineTuningModel):
 
     def score(self, params, batch: Batch) -> jax.Array:
         """log p(label) [batch]."""
-        return _log_prob(self.apply(params, batch), batch["label"])
+        return log_prob(self.apply(params, batch), batch["label"])
 
     def predict(self, params, batch: Batch, **_) -> jax.Array:
         """Predicted class [batch]."""
         return jnp.argmax(self.apply(params, batch), axis=-1)
 
 
-class Regressor(_FineTuningModel):
+class Regressor(FineTuningModel):
     """STS-B-style regression: one output from the pooled [CLS], MSE on `target` [batch]."""
 
     def __init__(self, config: TransformerConfig, pretrained: Optional[Params] = None):
@@ -418,7 +418,7 @@ class Regressor(_FineTuningModel):
         return self.apply(params, batch)[:, 0].astype(jnp.float32)
 
 
-class TokenTagger(_FineTuningModel):
+class TokenTagger(FineTuningModel):
     """NER-style tagging (BIO label ids): per-token logits; the loss covers only tokens whose
     `tag_labels` [batch, length] is >= 0 (first sub-tokens; -1 marks the rest, specials, pad)."""
 
@@ -441,7 +441,7 @@ class TokenTagger(_FineTuningModel):
 
     def score(self, params, batch: Batch) -> jax.Array:
         """Sum of log p(tag) over the labelled tokens [batch]."""
-        lp = _log_prob(self.apply(params, batch), jnp.maximum(batch["tag_labels"], 0))
+        lp = log_prob(self.apply(params, batch), jnp.maximum(batch["tag_labels"], 0))
         return jnp.sum(lp * self.weights(batch), axis=-1)
 
     def predict(self, params, batch: Batch, **_) -> jax.Array:
@@ -480,7 +480,7 @@ def select_spans(start_logits: jax.Array, end_logits: jax.Array, context_mask: j
     return {"start": start, "end": end, "span_score": span_score, "null_score": null_score}
 
 
-class SpanQA(_FineTuningModel):
+class SpanQA(FineTuningModel):
     """SQuAD (1.1 and 2.0) extractive QA: start/end logits over the tokens; position 0 (the
     [CLS]) is the no-answer. Features `start_positions`, `end_positions` [batch]; the context
     is `token_type_ids == 1` on real tokens unless the batch has `context_mask`."""
@@ -513,7 +513,7 @@ class SpanQA(_FineTuningModel):
     def score(self, params, batch: Batch) -> jax.Array:
         """log p(start) + log p(end) of the gold span [batch]."""
         start, end = self._logits(params, batch)
-        return _log_prob(start, batch["start_positions"]) + _log_prob(end, batch["end_positions"])
+        return log_prob(start, batch["start_positions"]) + log_prob(end, batch["end_positions"])
 
     def context_mask(self, batch: Batch) -> jax.Array:
         if "context_mask" in batch:
@@ -537,7 +537,7 @@ class SpanQA(_FineTuningModel):
         return spans["start"], spans["end"]
 
 
-class MultipleChoice(_FineTuningModel):
+class MultipleChoice(FineTuningModel):
     """SWAG-style: inputs [batch, num_choices, length], one [CLS] logit per choice, softmax
     over the choices; `label` [batch] is the right choice."""
 
@@ -559,7 +559,7 @@ class MultipleChoice(_FineTuningModel):
 
     def score(self, params, batch: Batch) -> jax.Array:
         """log p(right choice) [batch]."""
-        return _log_prob(self._choice_logits(params, batch), batch["label"])
+        return log_prob(self._choice_logits(params, batch), batch["label"])
 
     def predict(self, params, batch: Batch, **_) -> jax.Array:
         """Chosen index [batch]."""
@@ -579,6 +579,6 @@ class LastTokenClassifier(SequenceClassifier):
 
     def __init__(self, config: TransformerConfig, num_classes: int,
                  loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None):
-        _FineTuningModel.__init__(self, config, LastTokenHead(config, num_classes), loss,
-                                  pretrained)
+        FineTuningModel.__init__(self, config, LastTokenHead(config, num_classes), loss,
+                                 pretrained)
         self.num_classes = num_classes

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from t2t.models import families
 from t2t.nn.stacks import EncoderDecoder
 
 Cache = Any
@@ -323,11 +324,28 @@ def _decoder_only(model, params, batch, rng, knobs, strategy, max_decode_length,
                          max_decode_length, beam_size)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "strategy", "max_decode_length",
+def _encoder_inputs(batch: Mapping[str, Any], prompt_lengths) -> dict:
+    """Encoder-decoder features for `_encoder_decoder` (no prompt: decoding starts at 0)."""
+    keys = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+    return {k: jnp.asarray(batch[k]) for k in keys if k in batch}
+
+
+class Decoding(NamedTuple):
+    """How a family's `predict` decodes (`Family.decoding`)."""
+
+    inputs: Callable[[Mapping[str, Any], Any], dict]   # (batch, prompt_lengths) -> features
+    loop: Callable                                     # `_encoder_decoder` / `_decoder_only`
+    # decoder-only: it continues a prompt in `decoder_input_tokens` (the evaluator writes
+    # `[0, inputs...]` prompts; a tuned prompt fills the KV cache before it)
+    continues_prompt: bool
+    prompt_stack: Optional[Tuple[str, ...]] = None     # the stack prompt tuning prompts
+
+
+@functools.partial(jax.jit, static_argnames=("model", "loop", "strategy", "max_decode_length",
                                              "beam_size"))
-def _decode_jit(model, params, batch, rng, knobs, *, strategy, max_decode_length, beam_size):
-    run = _encoder_decoder if model.family == "t5" else _decoder_only
-    return run(model, params, batch, rng, knobs, strategy, max_decode_length, beam_size)
+def _decode_jit(model, params, batch, rng, knobs, *, loop, strategy, max_decode_length,
+                beam_size):
+    return loop(model, params, batch, rng, knobs, strategy, max_decode_length, beam_size)
 
 
 def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
@@ -336,12 +354,14 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
            return_aux: bool = False, **options):
     """Decode a batch with the KV cache -> tokens [batch, max_decode_length] (pad after EOS).
 
-    model: an `EncoderDecoderModel` (uses `encoder_input_tokens` and, if present,
-    `encoder_segment_ids` / `encoder_positions`; decoding starts from token 0) or a
-    `DecoderOnlyModel`, which continues a prompt: `decoder_input_tokens` [batch, width]
-    (start token 0 first, as training inputs) whose first `prompt_lengths` [batch] tokens
-    are the prompt; default lengths are `decoder_causal_attention.sum(-1)` (a prefix LM's
-    prompt, attended bidirectionally exactly as in training), else
+    model: a model of a family that decodes (`Family.decoding`): an encoder-decoder
+    (`ENCODER_DECODER`, T5's `EncoderDecoderModel`: uses `encoder_input_tokens` and, if
+    present, `encoder_segment_ids` / `encoder_positions`; decoding starts from token 0) or
+    a decoder-only model (`DECODER_ONLY`, GPT's `DecoderOnlyModel`), which continues a
+    prompt: `decoder_input_tokens` [batch, width] (start token 0 first, as training
+    inputs) whose first `prompt_lengths` [batch] tokens are the prompt; default lengths
+    are `decoder_causal_attention.sum(-1)` (a prefix LM's prompt, attended bidirectionally
+    exactly as in training), else
     `decoder_segment_ids > 0`, else the full width. Decoder-only models return only the
     generated continuation. Packed (several examples per row) batches are not supported.
 
@@ -367,15 +387,13 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
     knobs = {k: jnp.asarray(v, jnp.int32 if k == "top_k" else jnp.float32)
              for k, v in knobs.items()}
     knobs["eos_id"] = jnp.int32(-1 if eos_id is None else eos_id)  # -1: never stops
-    if model.family == "t5":
-        keys = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
-        inputs = {k: jnp.asarray(batch[k]) for k in keys if k in batch}
-    elif model.family == "gpt":
-        inputs = prompt_features(batch, prompt_lengths)
-    else:
-        raise ValueError(f"decode supports the 't5' and 'gpt' families, not {model.family!r}")
+    how = families.get(model.family).decoding
+    if how is None:
+        raise ValueError(f"the {model.family!r} family does not decode; "
+                         f"{', '.join(families.names(lambda f: f.decoding))} do")
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    out = _decode_jit(model, params, inputs, rng, knobs, strategy=strategy,
+    out = _decode_jit(model, params, how.inputs(batch, prompt_lengths), rng, knobs,
+                      loop=how.loop, strategy=strategy,
                       max_decode_length=int(max_decode_length), beam_size=beam_size)
     if not return_aux:
         return out.tokens
@@ -409,3 +427,8 @@ def prompt_features(batch: Mapping[str, Any], prompt_lengths) -> dict:
     if causal is not None:
         out["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
     return out
+
+
+ENCODER_DECODER = Decoding(_encoder_inputs, _encoder_decoder, continues_prompt=False,
+                           prompt_stack=("encoder",))
+DECODER_ONLY = Decoding(prompt_features, _decoder_only, continues_prompt=True)

@@ -77,7 +77,7 @@ class DistillationModel(Model):
     Teacher parameters enter the compiled step as constants (fine for small teachers).
     """
 
-    family = "bert"
+    family = "distill"
     input_features = ("encoder_input_tokens", "encoder_segment_ids", "token_type_ids",
                       "encoder_positions")
 

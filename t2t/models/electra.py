@@ -148,9 +148,7 @@ class ElectraPretrainingModel(Model):
     (λ = 50); replacements sampled from the generator's softmax, with no gradient through
     them. `generator_size` scales the generator's width (1/4 small and large, 1/3 base)."""
 
-    # An encoder to the trainer (FLOPs, batch geometry): the discriminator's share is counted,
-    # the generator's (about size² of it per layer) is not. MODEL_FAMILY 'electra' builds it.
-    family = "bert"
+    family = "electra"
     input_features = ("encoder_input_tokens", "encoder_segment_ids", "token_type_ids",
                       "encoder_positions", "masked_positions")
 

@@ -90,6 +90,24 @@ class ElmoConfig:
         return dataclasses.replace(self, **changes)
 
 
+def forward_flops(config: ElmoConfig, *, target_length: int, **_) -> Dict[str, float]:
+    """Forward FLOPs of ONE sentence of ``target_length`` tokens through the biLM (ELMo's
+    FLOP formula, `t2t.train.flops`; ``c`` characters a token, ``e``-dim character
+    embeddings, filters ``(w, k)`` with ``F = Σk``, projection ``p``, cells ``n``), per token:
+    convolutions ``Σ 2·w·e·k·(c - w + 1)``, highway ``2·2·F²`` a layer, projection ``2·F·p``;
+    per LSTMP layer and direction ``2·(p·4n + p·4n + n·p)`` (input, projected recurrent
+    state, projection: LSTMP's own count, whatever the implementation multiplies); logits
+    ``2·p·V`` for each direction."""
+    c, e, f, p, n = (config.max_chars, config.char_embed_dim, config.num_filters,
+                     config.projection_dim, config.cell_size)
+    chars = sum(2 * w * e * k * (c - w + 1) for w, k in config.filters)
+    chars += config.num_highway * 2 * 2 * f * f + 2 * f * p
+    lstm = 2 * config.num_layers * 2 * (p * 4 * n + p * 4 * n + n * p)
+    length = target_length
+    return {"dense": float(length * (chars + lstm)), "attention": 0.0,
+            "logits": float(length * 2 * 2 * p * config.vocab_size)}
+
+
 # ----------------------------------------------------------------------------- char CNN
 class Highway(nn.Module):
     """y = t * relu(W_H x + b_H) + (1 - t) * x, t = sigmoid(W_T x + b_T) (Srivastava et al.

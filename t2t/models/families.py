@@ -1,96 +1,167 @@
-"""Which flax module serves each model family, with example inputs and parameter counts."""
+"""The registry of model families: one `Family` per family owns what the rest of t2t asks
+about it (its flax module and `Model` wrapper, config class, example inputs, feature
+converter, FLOP formula, decoding, fine-tuning heads, Hugging Face model types and
+tokenizer kind); everything else looks the family up by name (`get`).
+
+The built-in families register in `t2t.models.catalog`, imported on the first lookup; a
+family of your own is one module that defines its module and wrapper and calls `register`
+(tests/models/test_family_registry.py trains one through `t2t train`).
+"""
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from t2t.data.characters import MAX_CHARS
-from t2t.models.base import LossConfig, Model
-from t2t.models.bert import BertModel, BertPretrainingModel
-from t2t.models.distill import DistillationModel
-from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
-from t2t.models.elmo import BiLM, ElmoModel
-from t2t.models.gpt import DecoderOnlyModel
-from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
-from t2t.models.t5 import EncoderDecoderModel
-from t2t.models.xlnet import XLNet, XLNetPretrainingModel
+from t2t.errors import ConfigError
 from t2t.nn.config import TransformerConfig
-from t2t.nn.stacks import Decoder, EncoderDecoder
 
-FAMILIES = ("bert", "t5", "gpt", "electra", "spanbert", "distill", "xlnet")
-
-
-def make_module(family: str, config: TransformerConfig) -> nn.Module:
-    """bert -> BertModel (encoder + heads), t5 -> EncoderDecoder, gpt -> Decoder,
-    electra -> the discriminator (the model fine-tuned, and the one the papers count)."""
-    if family == "bert":
-        return BertModel(config)
-    if family == "electra":
-        return ElectraDiscriminator(config)
-    if family == "spanbert":
-        return SpanBertModel(config)
-    if family == "distill":      # the student; its size follows the teacher's
-        return BertModel(config)
-    if family == "t5":
-        return EncoderDecoder(config)
-    if family == "gpt":
-        return Decoder(config)
-    if family == "xlnet":        # Transformer-XL backbone and tied LM head (t2t/models/xlnet.py)
-        return XLNet(config)
-    if family == "elmo":         # the biLM; `config` is an ElmoConfig (t2t/models/elmo.py)
-        return BiLM(config)
-    raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
+if TYPE_CHECKING:
+    from t2t.models.base import LossConfig, Model
+    from t2t.models.decoding import Decoding
 
 
-MODEL_CLASSES: Dict[str, Callable[..., Model]] = {
-    "bert": BertPretrainingModel, "t5": EncoderDecoderModel, "gpt": DecoderOnlyModel,
-    "electra": ElectraPretrainingModel, "spanbert": SpanBertPretrainingModel,
-    "distill": DistillationModel, "xlnet": XLNetPretrainingModel, "elmo": ElmoModel}
+@dataclasses.dataclass(frozen=True)
+class FlopFormula:
+    """What `t2t.train.flops` counts for a family: the Transformer count over the stacks it
+    runs, or a count of its own (`forward(config, input_length=, target_length=,
+    num_masked=, causal=) -> {"dense", "attention", "logits"}`, lengths checked first)."""
+
+    encoder: bool = False          # an encoder over `input_length` tokens
+    decoder: bool = False          # a decoder over `target_length` tokens
+    # vocabulary logits only at the masked positions: none for a batch without
+    # `masked_positions` (a fine-tuning head)
+    masked_logits: bool = False
+    forward: Optional[Callable[..., Dict[str, float]]] = None
 
 
-def make_model(family: str, config: TransformerConfig, loss: LossConfig | None = None,
-               teacher=None, classes: Optional[Mapping[str, Callable[..., Model]]] = None
-               ) -> Model:
-    """The family's model wrapper (init / loss_fn / score) around its module; 'distill' is
-    a DistilBERT student of `teacher` = (config, params), whose size follows the teacher's.
-    `classes` overrides entries of `MODEL_CLASSES` (the run layer passes gin-configurable
-    versions, t2t/run/configurables.py)."""
-    classes = {**MODEL_CLASSES, **(classes or {})}
-    if family not in classes:
-        raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
-    if family == "distill":
+ENCODER = FlopFormula(encoder=True, masked_logits=True)
+DECODER = FlopFormula(decoder=True)
+ENCODER_DECODER = FlopFormula(encoder=True, decoder=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family. `name` is its MODEL_FAMILY and its wrapper's `Model.family`."""
+
+    name: str
+    title: str                                   # as its paper writes it: "GPT-2"
+    module: Callable[[Any], nn.Module]           # config -> the module holding its parameters
+    model: Callable[..., "Model"]                # the wrapper `t2t train` builds (see make_model)
+    # (batch, length, target_length, max_predictions) -> keyword inputs of `module`
+    inputs: Callable[..., Dict[str, jax.Array]]
+    converter: type                              # default feature converter (t2t.data)
+    flops: FlopFormula
+    config: type = TransformerConfig
+    # the converter for inputs -> targets objectives, where it differs (GPT's prefix LM)
+    prefix_converter: Optional[type] = None
+    decoding: Optional["Decoding"] = None        # how `predict` decodes; None: it does not
+    # fine-tuning heads by task kind ("classification", "multiple_choice", ...)
+    heads: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    teacher: bool = False         # the wrapper is a student: model(teacher=(config, params))
+    generator: bool = False       # pretraining trains a generator beside it (`generator_config`)
+    masked_lm: bool = False       # its pretraining tree predicts masked tokens (`t2t mlm_eval`)
+    tokenizer: str = "sentencepiece"             # its paper's vocabulary kind
+    hf_model_types: Tuple[str, ...] = ()   # config.json model_types (t2t.convert.pretrained.FORMS)
+    # another family whose module, wrapper and FLOP count it shares (RoBERTa: BERT's); it
+    # differs in its vocabulary and Hugging Face form
+    variant_of: Optional[str] = None
+
+    def default_converter(self, objective: Optional[str] = None) -> type:
+        """`converter`, or `prefix_converter` for an inputs -> targets objective."""
+        if self.prefix_converter is not None and objective not in (None, "lm", "causal_lm"):
+            return self.prefix_converter
+        return self.converter
+
+    def variant(self, **changes) -> "Family":
+        """This family's module, wrapper and FLOP count under another name (`changes`)."""
+        return dataclasses.replace(self, variant_of=self.name, **changes)
+
+
+_REGISTRY: Dict[str, Family] = {}
+
+
+def register(family: Family, overwrite: bool = False) -> Family:
+    """Add `family` (a name already taken is an error unless `overwrite`)."""
+    _load_catalog()        # the built-in families first, whoever registers
+    if family.name in _REGISTRY and not overwrite:
+        raise ValueError(f"model family {family.name!r} is already registered")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_catalog() -> None:
+    from t2t.models import catalog  # noqa: F401  registers the built-in families
+
+
+def registered(variants: bool = True) -> List[Family]:
+    """Every family, in registration order (`variants=False`: not the variants)."""
+    _load_catalog()
+    return [f for f in _REGISTRY.values() if variants or f.variant_of is None]
+
+
+def names(where: Callable[[Family], Any] = lambda f: True, variants: bool = True
+          ) -> List[str]:
+    """The names of the families `where` holds for."""
+    return [f.name for f in registered(variants) if where(f)]
+
+
+def get(name: str) -> Family:
+    _load_catalog()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown model family {name!r}; choose one of {names()}")
+    return _REGISTRY[name]
+
+
+def head(family: str, kind: str) -> type:
+    """The family's fine-tuning head for a task `kind` (`Family.heads`)."""
+    heads = get(family).heads
+    if kind not in heads:
+        having = names(lambda f: kind in f.heads, variants=False)
+        raise ConfigError(f"the {family!r} family has no {kind} head; families with one: "
+                          f"{', '.join(having)}")
+    return heads[kind]
+
+
+def make_module(family: str, config) -> nn.Module:
+    """The family's flax module (BERT: `BertModel`, encoder and heads; T5: `EncoderDecoder`;
+    ELECTRA: the discriminator, the model fine-tuned and the one its papers count)."""
+    return get(family).module(config)
+
+
+def make_model(family: str, config, loss: Optional["LossConfig"] = None, teacher=None,
+               classes: Optional[Mapping[str, Callable[..., "Model"]]] = None) -> "Model":
+    """The family's wrapper (init / loss_fn / score) around its module. A student family
+    (DistilBERT) takes `teacher` = (config, params), whose size its own follows. `classes`
+    replaces wrappers by family name (the run layer passes gin-configurable versions,
+    t2t/run/configurables.py)."""
+    fam = get(family)
+    cls = (classes or {}).get(family, fam.model)
+    if fam.teacher:
         if teacher is None:
-            raise ValueError("the 'distill' family needs a teacher: bind TEACHER (see "
+            raise ValueError(f"the {family!r} family needs a teacher: bind TEACHER (see "
                              "configs/experiments/distilbert_tiny_bible.gin)")
-        return classes[family](teacher, loss or LossConfig(z_loss=0.0))
-    return classes[family](config) if loss is None else classes[family](config, loss)
+        first = teacher
+    else:
+        first = config
+    return cls(first) if loss is None else cls(first, loss)
 
 
-def example_inputs(family: str, batch: int = 2, length: int = 16,
-                   target_length: int = 8, max_predictions: int = 4) -> Dict[str, jax.Array]:
+def example_inputs(family: str, batch: int = 2, length: int = 16, target_length: int = 8,
+                   max_predictions: int = 4) -> Dict[str, jax.Array]:
     """Keyword inputs of the right shapes for `make_module(family, ...)`."""
-    tokens = lambda n: jnp.ones((batch, n), jnp.int32)  # noqa: E731
-    if family in ("bert", "spanbert", "distill"):
-        return {"encoder_input_tokens": tokens(length), "token_type_ids": tokens(length) * 0,
-                "masked_positions": jnp.zeros((batch, max_predictions), jnp.int32)}
-    if family in ("electra", "xlnet"):
-        return {"input_tokens": tokens(length)}
-    if family == "t5":
-        return {"encoder_input_tokens": tokens(length),
-                "decoder_input_tokens": tokens(target_length)}
-    if family == "gpt":
-        return {"decoder_input_tokens": tokens(length)}
-    if family == "elmo":         # parameter shapes do not depend on the characters a token
-        return {"token_ids": tokens(length), "char_ids": jnp.ones((batch, length, MAX_CHARS),
-                                                                  jnp.int32)}
-    raise ValueError(f"unknown model family {family!r}; choose one of {list(FAMILIES)}")
+    return get(family).inputs(batch=batch, length=length, target_length=target_length,
+                              max_predictions=max_predictions)
 
 
-def abstract_params(family: str, config: TransformerConfig):
+def abstract_params(family: str, config):
     """Parameter shapes (logical boxes removed) without allocating them."""
     module = make_module(family, config)
     inputs = example_inputs(family)
@@ -98,6 +169,6 @@ def abstract_params(family: str, config: TransformerConfig):
     return nn.unbox(shapes["params"])
 
 
-def count_params(family: str, config: TransformerConfig) -> int:
+def count_params(family: str, config) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(
         abstract_params(family, config))))

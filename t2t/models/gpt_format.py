@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from t2t.errors import ConfigError
 from t2t.models import losses
 from t2t.models.base import Batch, LossConfig, Metrics
-from t2t.models.classifiers import Params, _FineTuningModel, _log_prob
+from t2t.models.classifiers import Params, FineTuningModel, log_prob
 from t2t.models.heads import Classifier
 from t2t.nn import mixed_einsum
 from t2t.nn.config import TransformerConfig
@@ -121,7 +121,7 @@ def extend_token_table(pretrained: Params, rows: int, rng: jax.Array, std: float
                                              "embedding": grown}}
 
 
-class GptFormatClassifier(_FineTuningModel):
+class GptFormatClassifier(FineTuningModel):
     """The GPT-1 fine-tuning model (module docstring). `num_classes` for "sum", the number
     of choices for "choice"; `lm_weight` is lambda. Pretrained `Decoder` trees (a t2t GPT
     MODEL_DIR, `load_pretrained` of a GPT-2 / openai-gpt directory) go under `decoder`,
@@ -170,7 +170,7 @@ class GptFormatClassifier(_FineTuningModel):
 
     def score(self, params, batch: Batch) -> jax.Array:
         """log p(label) [batch]."""
-        return _log_prob(self._logits(params, batch)["logits"], batch["label"])
+        return log_prob(self._logits(params, batch)["logits"], batch["label"])
 
     def predict(self, params, batch: Batch, **_) -> jax.Array:
         """The predicted class or choice [batch]."""

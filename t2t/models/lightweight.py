@@ -38,7 +38,7 @@ PREFIX_SLOTS = ("prefix_key", "prefix_value")
 
 
 def _flat(tree: Params) -> Dict[Path, Any]:
-    return traverse_util.flatten_dict(peft._plain(tree))
+    return traverse_util.flatten_dict(peft.plain(tree))
 
 
 def with_config(model: Model, config) -> Model:
@@ -55,7 +55,7 @@ def head_modules(model: Model, params: Params) -> Tuple[str, ...]:
     trunk = getattr(model, "required_modules", None)
     if trunk is None:
         return ()
-    return tuple(k for k in peft._plain(params) if k not in trunk)
+    return tuple(k for k in peft.plain(params) if k not in trunk)
 
 
 class Lightweight(peft.ViewForwarding, Model):
@@ -85,9 +85,9 @@ class Lightweight(peft.ViewForwarding, Model):
         """The tree the adapted base model runs with."""
         return {k: v for k, v in params.items() if k not in self.extra_keys}
 
-    def bridge(self) -> peft._Bridge:
-        return peft._Bridge(self.base_model.module, self.to_base,
-                            lambda _: contextlib.nullcontext())
+    def bridge(self) -> peft.Bridge:
+        return peft.Bridge(self.base_model.module, self.to_base,
+                           lambda _: contextlib.nullcontext())
 
     def method_trainable(self, path: Path) -> bool:
         raise NotImplementedError
@@ -124,7 +124,7 @@ class Lightweight(peft.ViewForwarding, Model):
         if hasattr(self.original, "init_from_pretrained"):
             loaded = self.original.init_from_pretrained(rng, batch, pretrained)
         else:
-            loaded = peft._plain(pretrained)
+            loaded = peft.plain(pretrained)
         fresh = nn.unbox(self.init(rng, batch))
         return merge_pretrained(fresh, nn.unbox(loaded))[0]
 
@@ -185,8 +185,8 @@ class PromptTuning(Lightweight):
         return {"prompt": 0.02 * jax.random.normal(rng, (n, width), jnp.float32)}
 
     def bridge(self):
-        return peft._PromptBridge(self.base_model.module, self.to_base, lambda p: p["prompt"],
-                                  self.stack, fills=self.family == "gpt")
+        return peft.PromptBridge(self.base_model.module, self.to_base, lambda p: p["prompt"],
+                                 self.stack, fills=peft.prompt_fills_cache(self))
 
     def method_trainable(self, path):
         return path[0] == "prompt"

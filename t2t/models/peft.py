@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from flax import traverse_util
 
+from t2t.models import families
 from t2t.models.base import Batch, Model
 from t2t.nn.embed import Embed
 from t2t.nn.stacks import Decoder, Encoder
@@ -44,7 +45,8 @@ KERNEL_LAYOUTS: Dict[str, Tuple[int, int]] = {
     "wi": (1, 2), "wi_0": (1, 2), "wi_1": (1, 2), "wo": (1, 2)}
 
 
-def _plain(params: Params) -> Params:
+def plain(params: Params) -> Params:
+    """`params` without logical-axis boxes or a {"params": ...} wrapper."""
     params = nn.unbox(params)
     if isinstance(params, dict) and set(params) == {"params"}:
         params = params["params"]
@@ -62,7 +64,7 @@ def lora_targets(params: Params, targets: Sequence[str]) -> Dict[Path, Tuple[int
     if unknown:
         raise ValueError(f"unknown LoRA targets {unknown}; choose from {sorted(KERNEL_LAYOUTS)}")
     found = {}
-    for path, leaf in traverse_util.flatten_dict(_plain(params)).items():
+    for path, leaf in traverse_util.flatten_dict(plain(params)).items():
         if len(path) < 2 or path[-1] != "kernel" or path[-2] not in targets:
             continue
         contract, ndim = KERNEL_LAYOUTS[path[-2]]
@@ -85,7 +87,7 @@ def init_lora(rng: jax.Array, params: Params, targets: Sequence[str], rank: int,
     found = lora_targets(params, targets)
     if not found:
         raise ValueError(f"no kernels named {tuple(targets)} in the parameters")
-    kernels = traverse_util.flatten_dict(_plain(params))
+    kernels = traverse_util.flatten_dict(plain(params))
     items = sorted(found.items())
     shapes = [tuple(kernels[path + ("kernel",)].shape[:lead]) + (fan_in, rank)
               for path, (lead, fan_in, _) in items]
@@ -110,7 +112,7 @@ def lora_delta(a: jax.Array, b: jax.Array, kernel_shape: Sequence[int]) -> jax.A
 
 def merge_lora(params: Params, lora: Params, scale: float) -> Params:
     """Base params with each adapted kernel replaced by `W + scale · A @ B` (W's dtype)."""
-    flat = dict(traverse_util.flatten_dict(_plain(params)))
+    flat = dict(traverse_util.flatten_dict(plain(params)))
     for path, leaf in traverse_util.flatten_dict(lora).items():
         if path[-1] != "lora_a":
             continue
@@ -163,7 +165,7 @@ class _FrozenBase(ViewForwarding, Model):
         # Host (numpy) leaves go to the device once; jax arrays keep their sharding. Under
         # jit the frozen tree is a closed-over constant, which JAX passes as an argument.
         self.base_params = jax.tree_util.tree_map(
-            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, _plain(base_params))
+            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, plain(base_params))
         missing = [m for m in train_modules if m not in self.base_params]
         if missing:
             raise ValueError(f"train_modules {missing} are not top-level modules of the base "
@@ -182,8 +184,8 @@ class _FrozenBase(ViewForwarding, Model):
     def _context(self, trainable: Params):
         return contextlib.nullcontext()
 
-    def _bridge(self) -> "_Bridge":
-        return _Bridge(self.base_model.module, self.full_params, self._context)
+    def _bridge(self) -> "Bridge":
+        return Bridge(self.base_model.module, self.full_params, self._context)
 
     @property
     def view(self) -> Model:
@@ -194,7 +196,7 @@ class _FrozenBase(ViewForwarding, Model):
 
 
 
-class _Bridge:
+class Bridge:
     """A stand-in for a flax module: `apply({"params": p, ...})` runs the real module on
     `to_base(p)` inside `context(p)`. Decoding jits over its model (a static argument), so
     what the context closes over must come from `p`, never from a Python-side value."""
@@ -209,7 +211,7 @@ class _Bridge:
                                      *args, **kwargs)
 
 
-class _PromptBridge(_Bridge):
+class PromptBridge(Bridge):
     """Prompt tuning's bridge. For a prompted Decoder (`fills`), the call that creates the
     KV cache is followed by one that writes the prompts' keys and values into its first
     slots, so the prefill and every step find them there."""
@@ -238,13 +240,21 @@ class _PromptBridge(_Bridge):
 
 
 def prompt_stack(base_model: Model, stack: Optional[Path]) -> Optional[Path]:
-    """The prompted stack: T5's encoder (never its decoder), else the first one called."""
-    if stack is None and base_model.family == "t5":
-        return ("encoder",)
-    return None if stack is None else tuple(stack)
+    """The prompted stack: the family's (T5's encoder, never its decoder), else the first
+    one called."""
+    if stack is None:
+        how = families.get(base_model.family).decoding
+        return None if how is None else how.prompt_stack
+    return tuple(stack)
 
 
-def bridged(base_model: Model, bridge: _Bridge) -> Model:
+def prompt_fills_cache(model: Model) -> bool:
+    """Whether a prompt fills the KV cache before decoding (decoder-only families)."""
+    how = families.get(model.family).decoding
+    return how is not None and how.continues_prompt
+
+
+def bridged(base_model: Model, bridge: Bridge) -> Model:
     """A shallow copy of `base_model` whose methods take the wrapper's parameter tree: its
     module is `bridge`. Make one per wrapper (jit caches by its identity)."""
     view = copy.copy(base_model)
@@ -359,7 +369,7 @@ class _PromptInterceptor:
 
     def _call_decoding(self, next_fun, bound, context):
         """A Decoder on the KV cache: creating it gives n more slots; the `fill` call (see
-        `_PromptBridge`) feeds the n prompts into slots 0..n-1 (positions 0..n-1, causal);
+        `PromptBridge`) feeds the n prompts into slots 0..n-1 (positions 0..n-1, causal);
         later calls (prefill, steps) find them there, their explicit positions shifted by n."""
         a, n = bound.arguments, self.n
         if self.fill:
@@ -414,9 +424,9 @@ class PromptTuningModel(_FrozenBase):
             trainable["modules"] = self._trained_init()
         return trainable
 
-    def _bridge(self) -> _Bridge:
-        return _PromptBridge(self.base_model.module, self.full_params, lambda t: t["prompt"],
-                             self.stack, fills=self.family == "gpt")
+    def _bridge(self) -> Bridge:
+        return PromptBridge(self.base_model.module, self.full_params, lambda t: t["prompt"],
+                            self.stack, fills=prompt_fills_cache(self))
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -93,6 +93,7 @@ class SpanBertModel(BertModel):
 class SpanBertPretrainingModel(BertPretrainingModel):
     """Loss = MLM + `sbo_weight` · SBO (SpanBERT: 1), both over the masked tokens; no NSP."""
 
+    family = "spanbert"
     input_features = BertPretrainingModel.input_features + ("masked_weights",)
 
     def __init__(self, config: TransformerConfig, loss: LossConfig = LossConfig(z_loss=0.0),

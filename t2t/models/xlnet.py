@@ -179,7 +179,7 @@ class XLNetPretrainingModel(Model):
     rides in the batch and its states are recomputed, so the trainer stays stateless.
     """
 
-    family = "bert"      # an encoder to the trainer's FLOP count and batch geometry
+    family = "xlnet"
     input_features = ("encoder_input_tokens", "encoder_segment_ids", "token_type_ids",
                       "factorization_ranks", "masked_positions", "masked_weights",
                       "memory_tokens")

@@ -20,8 +20,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.errors import ConfigError
 from t2t.models.base import Batch, LossConfig
-from t2t.models.classifiers import MultipleChoice, Params, SequenceClassifier, _FineTuningModel
+from t2t.models.classifiers import MultipleChoice, Params, SequenceClassifier, FineTuningModel
 from t2t.models.xlnet import XLNet, XLNetOptions
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
@@ -105,12 +106,12 @@ class XLNetClassifierHead(nn.Module):
         return logits
 
 
-class _XLNetInputs(_FineTuningModel):
+class _XLNetInputs(FineTuningModel):
     """Feeds `XLNetClassifierHead` from the pipeline's BERT rows (`xlnet_layout`); a
     pretrained XLNet tree (a t2t `XLNetPretrainingModel` checkpoint) goes under
     `transformer` (its `lm_bias` is unused)."""
 
-    family = "bert"      # an encoder to the trainer's FLOP count and batch geometry
+    family = "xlnet"
     input_features = ("encoder_input_tokens", "encoder_segment_ids", "token_type_ids")
     pretrained_prefix = ("transformer",)
     required_modules = ("transformer",)
@@ -126,13 +127,18 @@ class _XLNetInputs(_FineTuningModel):
 
 
 class XLNetSequenceClassifier(_XLNetInputs, SequenceClassifier):
-    """`SequenceClassifier`'s loss, score and predict over `XLNetClassifierHead`."""
+    """`SequenceClassifier`'s loss, score and predict over `XLNetClassifierHead` (which
+    classifies from the last position: `pooling` and `bilstm_units` are BERT's only)."""
 
     def __init__(self, config: TransformerConfig, num_classes: int,
                  options: XLNetOptions = XLNetOptions(),
-                 loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None):
-        _FineTuningModel.__init__(self, config, XLNetClassifierHead(config, num_classes, options),
-                                  loss, pretrained)
+                 loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None,
+                 pooling: str = "cls", bilstm_units: Optional[int] = None):
+        if pooling != "cls" or bilstm_units:
+            raise ConfigError("the XLNet head classifies from its last position: no pooling "
+                              "or bilstm_units")
+        FineTuningModel.__init__(self, config, XLNetClassifierHead(config, num_classes, options),
+                                 loss, pretrained)
         self.num_classes = num_classes
 
 
@@ -143,6 +149,6 @@ class XLNetMultipleChoice(_XLNetInputs, MultipleChoice):
     def __init__(self, config: TransformerConfig, num_choices: int,
                  options: XLNetOptions = XLNetOptions(),
                  loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None):
-        _FineTuningModel.__init__(self, config, XLNetClassifierHead(config, 1, options), loss,
-                                  pretrained)
+        FineTuningModel.__init__(self, config, XLNetClassifierHead(config, 1, options), loss,
+                                 pretrained)
         self.num_choices = num_choices

@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from t2t.errors import UserError
+from t2t.models import families
 from t2t.train import chips as chips_lib
 from t2t.train.chips import TopologyError
 from t2t.train import flops as flops_lib
@@ -32,7 +33,6 @@ from t2t.train import partitioning
 from t2t.train.trainer import Trainer, TrainState, batch_geometry
 
 STEPS = ("train", "finetune", "decode")
-DECODE_FAMILIES = ("t5", "gpt")   # the families `t2t infer` decodes with a KV cache
 # Macros a run requires and a compile never reads (it writes and restores nothing).
 UNREAD_MACROS = {"MODEL_DIR": "'/nonexistent/t2t-compile-writes-nothing'",
                  "INITIAL_CHECKPOINT": "None"}
@@ -222,16 +222,14 @@ def hlo_flops(trainer: Trainer, batch: Dict[str, np.ndarray]) -> Optional[float]
     XLA counts a loop body once, whatever its trip count, so scanned layers are lowered
     unrolled and microbatches as one batch for this count (a lowering, not a compile:
     seconds; the same arithmetic but the gradient accumulation's adds). None for a scanned
-    model that is not one of the pretraining families."""
+    model that its family's wrapper does not rebuild from its config and loss alone."""
     from jax._src import xla_bridge
     from jax._src.lib import _jax
-    from t2t.models.families import make_model
     model, config = trainer.model, trainer.config
     if model.config.scan_layers:
-        if model.family not in ("bert", "t5", "gpt") or type(model) is not type(
-                make_model(model.family, model.config, model.loss)):
+        model = _unscanned(model)
+        if model is None:
             return None
-        model = make_model(model.family, model.config.replace(scan_layers=False), model.loss)
     if config.num_microbatches > 1:
         config = dataclasses.replace(config, num_microbatches=1)
     if model is not trainer.model or config is not trainer.config:
@@ -372,6 +370,19 @@ def compile_train_step(trainer: Trainer, batch: Dict[str, np.ndarray], slice_: c
                             train_step_flops(trainer, batch))
 
 
+def _unscanned(model):
+    """`model` rebuilt by its family with scan_layers=False; None when the family's wrapper
+    does not rebuild it from (config, loss) alone (options of its own, a teacher)."""
+    try:
+        same = families.make_model(model.family, model.config, model.loss)
+    except ValueError:
+        return None
+    if type(same) is not type(model) or same.module != model.module:
+        return None
+    return families.make_model(model.family, model.config.replace(scan_layers=False),
+                               model.loss)
+
+
 def train_step_flops(trainer: Trainer, batch: Dict[str, np.ndarray]) -> float:
     """Model FLOPs of one train step on the whole `batch` (t2t.train.flops; 0: a family the
     formula does not cover)."""
@@ -386,8 +397,9 @@ def train_step_flops(trainer: Trainer, batch: Dict[str, np.ndarray]) -> float:
 
 def decode_options(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, Any]:
     """`model.predict`'s options for a compile of decoding: greedy, the target width for
-    T5; for GPT the first half of each row is the prompt and the rest is generated."""
-    if family == "t5":
+    T5; for GPT (a family that continues a prompt) the first half of each row is the prompt
+    and the rest is generated."""
+    if not families.get(family).decoding.continues_prompt:
         return {"max_decode_length": batch["decoder_target_tokens"].shape[1]}
     rows, width = batch["decoder_input_tokens"].shape
     prompt = max(width // 2, 1)
@@ -403,9 +415,10 @@ def compile_decode_step(trainer: Trainer, batch: Dict[str, np.ndarray],
     cache is among the temporaries). FLOPs are not counted: XLA's cost analysis counts a
     loop body once."""
     family = trainer.model.family
-    if family not in DECODE_FAMILIES:
+    if families.get(family).decoding is None:
+        decoders = families.names(lambda f: f.decoding, variants=False)
         raise TopologyError(f"--step=decode needs a family that decodes "
-                            f"({', '.join(DECODE_FAMILIES)}); this config's is {family!r}")
+                            f"({', '.join(decoders)}); this config's is {family!r}")
     abstract_batch = trainer.abstract_batch(batch)
     state = trainer.abstract_init(batch)
     state = TrainState(state.step, state.params, ())      # no optimizer when decoding

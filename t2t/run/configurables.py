@@ -15,7 +15,7 @@ from typing import Callable, Dict
 import gin
 
 from t2t.data.catalog import paper
-from t2t.models import base, distill, electra, elmo, lightweight, spanbert
+from t2t.models import base, distill, electra, elmo, families, lightweight, spanbert
 from t2t.nn import config as nn_config
 from t2t.train import optimizers, partitioning, trainer
 
@@ -60,10 +60,25 @@ paper.VOCABULARY_PROVIDERS.update(
     t5=_register(paper.t5_vocabulary), bert=_register(paper.bert_vocabulary))
 
 
+# The config classes gin binds, by the library class a family names (`Family.config`).
+CONFIGS: Dict[type, Callable] = {nn_config.TransformerConfig: TransformerConfig,
+                                 elmo.ElmoConfig: ElmoConfig}
+
+
 def model_config(family: str):
-    """The gin-bound config of a model family: `ElmoConfig` for 'elmo', else
-    `TransformerConfig`."""
-    return ElmoConfig() if family == "elmo" else TransformerConfig()
+    """The gin-bound config of a model family (`TransformerConfig`, ELMo's `ElmoConfig`;
+    a config class gin does not know is built with its defaults)."""
+    config = families.get(family).config
+    return CONFIGS.get(config, config)()
+
+
+def generator_config(family: str, config):
+    """The generator's config of a family that pretrains one beside it (ELECTRA's, sized by
+    the bound `generator_size`); None for the others."""
+    fam = families.get(family)
+    if not fam.generator:
+        return None
+    return MODEL_CLASSES.get(family, fam.model)(config).generator_config
 
 
 def make_mesh(devices=None):

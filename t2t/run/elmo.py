@@ -101,7 +101,7 @@ def after_pretraining(exp, result) -> list:
     """For an ELMo run (`exp` from `experiment.experiment`): `elmo_downstream` on the
     trained biLM and its summary lines; [] for other families or with no task bound."""
     model = exp.trainer.model
-    if model.family != "elmo":
+    if not isinstance(model, elmo.ElmoModel):
         return []
     out = elmo_downstream(model, result.state.params, exp.task.vocabulary,
                           exp.converter.lengths, exp.trainer.config.model_dir)

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from t2t.errors import UserError
+from t2t.models import families
 from t2t.nn.config import TransformerConfig
 
 HELDOUT_TASK = "bible_web_roberta_validation"   # token-level 15% MLM, 80/10/10, single rows
@@ -52,15 +53,14 @@ def load_run(model_dir: str, step: Optional[int] = None) -> EncoderRun:
     params = restore_params(model_dir, step=step)
     gin_utils.parse([config_gin], [])
     family = gin_utils.query_macro("MODEL_FAMILY", "bert")
-    if family not in ("bert", "electra", "spanbert", "distill"):
+    if not families.get(family).masked_lm:
+        encoders = families.names(lambda f: f.masked_lm, variants=False)
         raise UserError(f"{model_dir!r} is a {family!r} run; mlm_eval compares encoders "
-                        "(bert, electra, spanbert, distill)")
+                        f"({', '.join(encoders)})")
     vocab = params["token_embedder"]["embedding"].shape[0]
     config = configured.TransformerConfig().replace(vocab_size=vocab, dtype="float32",
                                                     dropout_rate=0.0)
-    generator = None
-    if family == "electra":
-        generator = configured.MODEL_CLASSES["electra"](config).generator_config
+    generator = configured.generator_config(family, config)     # ELECTRA's
     return EncoderRun(model_dir, family, config, params, generator)
 
 
@@ -74,7 +74,7 @@ def mlm_logits_fn(run: EncoderRun):
         return (batch["encoder_input_tokens"], batch.get("encoder_segment_ids"),
                 batch.get("token_type_ids"), batch.get("encoder_positions"))
 
-    if run.family == "electra":
+    if run.generator is not None:      # ELECTRA: the generator predicts the masked tokens
         module = ElectraPretraining(run.config, run.generator)
 
         def fn(params, batch):
@@ -128,10 +128,11 @@ def heldout_mlm(run: EncoderRun, task: str = HELDOUT_TASK, batch_size: int = 32,
 def encoder_trunk(run: EncoderRun) -> tuple[TransformerConfig, Any]:
     """(config, {"token_embedder", "encoder", ...}) of the encoder a downstream task
     fine-tunes: the run's own tree, or for ELECTRA the discriminator's."""
-    if run.family != "electra":
+    if run.generator is None:
         return run.config, run.params
     from t2t.convert.pretrained import from_t2t
-    disc = from_t2t("electra", run.config, run.params, run.generator)["discriminator"]
+    model_type = families.get(run.family).hf_model_types[0]
+    disc = from_t2t(model_type, run.config, run.params, run.generator)["discriminator"]
     return disc.config, disc.params
 
 

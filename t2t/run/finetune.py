@@ -37,7 +37,7 @@ from t2t.errors import ConfigError
 from t2t.data import converters as conv
 from t2t.data import tasks as tasks_lib
 from t2t.data.finetune_tasks import classification_examples, spread
-from t2t.models import lightweight, peft
+from t2t.models import families, lightweight, peft
 from t2t.run import configurables as configured
 from t2t.train import evaluator, optimizers
 from t2t.run import experiment as experiment_lib
@@ -232,17 +232,17 @@ def _hf_lowercase(path: str) -> bool:
 
 def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: bool,
                family: str = "bert") -> tuple[Any, Any]:
-    """(TransformerConfig, WordPieceVocabulary) of a BERT fine-tuning: from the Hugging Face
-    directory `pretrained`, else the TransformerConfig bindings and `vocabulary` (a vocab.txt).
-    `family` "xlnet" (XLNet heads over the same WordPiece rows) reads only t2t MODEL_DIRs."""
+    """(TransformerConfig, WordPieceVocabulary) of a fine-tuning over WordPiece rows: from the
+    Hugging Face BERT directory `pretrained`, else the TransformerConfig bindings and
+    `vocabulary` (a vocab.txt). A `family` whose own vocabulary is not WordPiece (XLNet:
+    its heads over the same rows) reads only t2t MODEL_DIRs."""
     from t2t.convert import hf
     from t2t.data.vocab import WordPieceVocabulary
     from_hf = pretrained is not None and is_hf_dir(pretrained)
-    if family not in ("bert", "xlnet"):
-        raise ConfigError(f"family={family!r}: the encoder heads take 'bert' or 'xlnet'")
-    if from_hf and family == "xlnet":
-        raise ConfigError(f"{pretrained!r} is a Hugging Face directory: XLNet fine-tuning "
-                          "starts from a t2t XLNet MODEL_DIR (experiments/xlnet_tiny_bible.gin)")
+    fam = families.get(family)
+    if from_hf and fam.tokenizer != "wordpiece":
+        raise ConfigError(f"{pretrained!r} is a Hugging Face directory: {fam.title} "
+                          f"fine-tuning starts from a t2t {fam.title} MODEL_DIR")
     if from_hf:
         model_cfg = hf.bert_config(hf.read_json(os.path.join(pretrained, "config.json")))
         vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
@@ -275,24 +275,18 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     and `bilstm_units` (a fresh BiLSTM head) as in `SequenceClassifier`: BERT Table 5's
     LTR rows fine-tune with `TransformerConfig.encoder_causal = True` and "last" or a
     BiLSTM. A regression task over your files (``task.kind == "regression"``) gets a
-    `Regressor` instead. `family` "xlnet": an `XLNetSequenceClassifier` (the trunk a t2t
-    XLNet MODEL_DIR, e.g. experiments/finetune_xlnet_paraphrase.gin)."""
-    from t2t.models.classifiers import Regressor, SequenceClassifier
+    `Regressor` instead: the `family`'s heads (`Family.heads`; "xlnet": an
+    `XLNetSequenceClassifier`, the trunk a t2t XLNet MODEL_DIR, e.g.
+    experiments/finetune_xlnet_paraphrase.gin)."""
     task_obj = tasks_lib.get_task(task)
     regression = getattr(task_obj, "kind", None) == "regression"
     if not regression and not getattr(task_obj, "label_names", None):
         raise ValueError(f"task {task!r} has no label names: not a classification task")
+    head = families.head(family, "regression" if regression else "classification")
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase, family)
-    if family == "xlnet":
-        from t2t.models.xlnet_heads import XLNetSequenceClassifier
-        if regression or pooling != "cls" or bilstm_units:
-            raise ConfigError("the XLNet head classifies from its last position: no "
-                              "regression, pooling or bilstm_units with family 'xlnet'")
-        model = XLNetSequenceClassifier(model_cfg, len(task_obj.label_names))
-    else:
-        model = (Regressor(model_cfg) if regression else
-                 SequenceClassifier(model_cfg, len(task_obj.label_names), pooling=pooling,
-                                    bilstm_units=bilstm_units))
+    model = (head(model_cfg) if regression else
+             head(model_cfg, len(task_obj.label_names), pooling=pooling,
+                  bilstm_units=bilstm_units))
     train_cfg = configured.TrainConfig()
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
@@ -562,12 +556,10 @@ def multiple_choice_experiment(task: str = gin.REQUIRED, batch_size: int = gin.R
     """A `MultipleChoice` model over `task`'s records (``{"context", "endings",
     "label"}``, `num_choices` endings each), pairs cut to `max_length`; trunk and `family`
     as `classifier_experiment` ("xlnet": `XLNetMultipleChoice`)."""
-    from t2t.models.classifiers import MultipleChoice
-    from t2t.models.xlnet_heads import XLNetMultipleChoice
     task_obj = tasks_lib.get_task(task)
+    head = families.head(family, "multiple_choice")
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase, family)
-    model = (XLNetMultipleChoice if family == "xlnet" else MultipleChoice)(model_cfg,
-                                                                           num_choices)
+    model = head(model_cfg, num_choices)
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     train_cfg = configured.TrainConfig()
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn

@@ -18,6 +18,7 @@ import numpy as np
 from t2t.data import gpt_format
 from t2t.data import tasks as tasks_lib
 from t2t.errors import UserError
+from t2t.models import families
 from t2t.run import configurables as configured
 from t2t.run import experiment as experiment_lib
 from t2t.run import finetune
@@ -69,11 +70,13 @@ def gpt_trunk(pretrained: Optional[str], vocab: Any) -> tuple[Any, Any]:
     bindings, vocabulary size from `vocab` as pretraining set it), or None (no
     pretraining: the bindings, fresh weights)."""
     if pretrained is not None and finetune.is_hf_dir(pretrained):
-        from t2t.convert import hf
-        loaded = hf.load_pretrained(pretrained)
-        if loaded.model_type not in ("gpt2", "openai-gpt"):
+        from t2t.convert import pretrained as hf_pretrained
+        loaded = hf_pretrained.load_pretrained(pretrained)
+        if "gpt_format" not in families.get(hf_pretrained.family_of(loaded.model_type)).heads:
+            forms = [t for f in families.registered() if "gpt_format" in f.heads
+                     for t in f.hf_model_types]
             raise UserError(f"{pretrained!r} is a {loaded.model_type} directory; the GPT "
-                            "fine-tuning format needs a gpt2 or openai-gpt one")
+                            f"fine-tuning format needs a {' or '.join(forms)} one")
         return loaded.config, loaded.params
     config = configured.TransformerConfig()
     if config.vocab_size != vocab.padded_vocab_size:

@@ -1,11 +1,12 @@
 """Task evaluation: predictions of a model on a task's split, scored by the task's metrics.
 
-Text-to-text (``t5`` and ``gpt`` families): the split's examples are batched unpacked,
-``model.predict`` decodes (greedy unless told otherwise), the tokens are detokenized, and
-targets and predictions go through the task's ``postprocess`` (a label string -> its id,
--1 when unknown) before its ``metric_fns``. Encoder classifiers (``bert`` family, whose
-``predict`` returns label ids [batch], or values for a regressor) get
-``classification_examples`` features and their outputs are compared directly.
+Text-to-text (families that decode, `Family.decoding`: ``t5`` and ``gpt``): the split's
+examples are batched unpacked, ``model.predict`` decodes (greedy unless told otherwise), the
+tokens are detokenized, and targets and predictions go through the task's ``postprocess``
+(a label string -> its id, -1 when unknown) before its ``metric_fns``. Classifiers of the
+other families (BERT's and XLNet's heads, whose ``predict`` returns label ids [batch], or
+values for a regressor) get ``classification_examples`` features and their outputs are
+compared directly.
 ``write_results`` saves ``metrics.json`` and a markdown table ``results.md``;
 ``write_predictions`` each example's input, target and prediction (``predictions.jsonl``).
 A trivial baseline (`trivial_baseline`: copy the input for text-to-text, the training set's
@@ -26,6 +27,7 @@ from t2t.data.finetune_tasks import FinetuneTask, classification_examples, sprea
 from t2t.data.converters import EncDecConverter
 from t2t.data.sources import InvalidRecord
 from t2t.data.tasks import get_task
+from t2t.models import families
 
 
 def apply_metrics(task: FinetuneTask, targets: Sequence[Any], predictions: Sequence[Any]
@@ -58,6 +60,12 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     """[n, ...] -> [rows, ...] with zero rows appended (one compiled shape for every batch)."""
     pad = [(0, rows - len(array))] + [(0, 0)] * (array.ndim - 1)
     return np.pad(array, pad)
+
+
+def _continues_prompt(model) -> bool:
+    """Whether `model` decodes by continuing a prompt (a decoder-only family's)."""
+    how = families.get(getattr(model, "family", "t5")).decoding
+    return how is not None and how.continues_prompt
 
 
 def _gpt_prompts(examples: Sequence[Mapping], width: int, rows: int, prefix_lm: bool
@@ -93,14 +101,14 @@ def predict_texts(model, params, examples: Sequence[Mapping], vocabulary: Any, *
     inputs_length = lengths.get("inputs") or max(len(ex["inputs"]) for ex in examples)
     targets_length = lengths.get("targets") or max(len(ex["targets"]) for ex in examples)
     max_decode_length = max_decode_length or targets_length
-    family = getattr(model, "family", "t5")
+    prompted = _continues_prompt(model)
     converter = EncDecConverter({"inputs": inputs_length, "targets": targets_length},
                                 pack=False)
     out: list[str] = []
     for start, stop in _batches(len(examples), batch_size):
         chunk = examples[start:stop]
         extra: dict[str, Any] = {}
-        if family == "gpt":
+        if prompted:
             batch, extra = _gpt_prompts(chunk, inputs_length + 1, batch_size, prefix_lm)
         else:
             batch = converter(chunk, num_rows=batch_size)
@@ -203,10 +211,10 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
     baseline = trivial_baseline(task) if details is not None else None
     if not task.metric_fns:
         raise ValueError(f"task {task.name!r} has no metrics (an unlabelled split?)")
-    if getattr(model, "family", None) == "gpt" and hasattr(model, "num_classes"):
+    if _continues_prompt(model) and hasattr(model, "num_classes"):
         raise ValueError("decoder-only classifiers (LastTokenClassifier) are not supported; "
                          "evaluate a bert classifier or a text-to-text model")
-    if getattr(model, "family", None) == "bert":
+    if families.get(getattr(model, "family", "t5")).decoding is None:   # a classifier
         if vocabulary is None:
             raise ValueError("a bert classifier needs its WordPiece `vocabulary`")
         features = classification_examples(task, split, vocabulary, max_length, max_examples)

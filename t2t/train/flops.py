@@ -40,45 +40,36 @@ from typing import Optional
 import jax
 import numpy as np
 
+from t2t.models import families
 from t2t.nn.adaptive_softmax import cluster_bounds, cluster_widths
 from t2t.nn.config import TransformerConfig
 
-FAMILIES = {"encoder": "encoder", "bert": "encoder", "decoder": "decoder", "gpt": "decoder",
-            "encoder_decoder": "encoder_decoder", "t5": "encoder_decoder"}
+# The Transformer formulas by the stacks they count; any other name is a model family's
+# (t2t.models.families: each family names its formula).
+FORMULAS = {"encoder": families.ENCODER, "decoder": families.DECODER,
+            "encoder_decoder": families.ENCODER_DECODER}
 
 
-def _family(family: str) -> str:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}")
-    return FAMILIES[family]
+def formula(family: str) -> families.FlopFormula:
+    """The FLOP formula of a family (or of "encoder", "decoder", "encoder_decoder")."""
+    if family in FORMULAS:
+        return FORMULAS[family]
+    try:
+        return families.get(family).flops
+    except ValueError:
+        raise ValueError(f"unknown family {family!r}; choose one of "
+                         f"{sorted(FORMULAS) + families.names()}") from None
 
 
-def _lengths(family: str, input_length: Optional[int],
+def _lengths(family: str, counted: families.FlopFormula, input_length: Optional[int],
              target_length: Optional[int]) -> tuple[int, int]:
-    need = {"encoder": ("input_length",), "decoder": ("target_length",),
-            "encoder_decoder": ("input_length", "target_length")}[family]
+    need = [n for n, on in (("input_length", counted.encoder),
+                            ("target_length", counted.decoder)) if on]
     given = {"input_length": input_length, "target_length": target_length}
     missing = [n for n in need if not given[n]]
     if missing:
         raise ValueError(f"family {family!r} needs {' and '.join(need)}; missing {missing}")
     return int(input_length or 0), int(target_length or 0)
-
-
-def elmo_forward_flops(config, length: int) -> dict[str, float]:
-    """Forward FLOPs of ONE sentence of ``length`` tokens through ELMo's biLM
-    (``t2t.models.elmo.ElmoConfig``: ``c`` characters a token, ``e``-dim character
-    embeddings, filters ``(w, k)`` with ``F = Σk``, projection ``p``, cells ``n``), per token:
-    convolutions ``Σ 2·w·e·k·(c - w + 1)``, highway ``2·2·F²`` a layer, projection ``2·F·p``;
-    per LSTMP layer and direction ``2·(p·4n + p·4n + n·p)`` (input, projected recurrent
-    state, projection: LSTMP's own count, whatever the implementation multiplies); logits
-    ``2·p·V`` for each direction."""
-    c, e, f, p, n = (config.max_chars, config.char_embed_dim, config.num_filters,
-                     config.projection_dim, config.cell_size)
-    chars = sum(2 * w * e * k * (c - w + 1) for w, k in config.filters)
-    chars += config.num_highway * 2 * 2 * f * f + 2 * f * p
-    lstm = 2 * config.num_layers * 2 * (p * 4 * n + p * 4 * n + n * p)
-    return {"dense": float(length * (chars + lstm)), "attention": 0.0,
-            "logits": float(length * 2 * 2 * p * config.vocab_size)}
 
 
 def _synthesizer_delta(config: TransformerConfig, n: int, causal_factor: float
@@ -121,8 +112,8 @@ def _output_layer_logits(config: TransformerConfig) -> float:
     return total
 
 
-def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc: int,
-                  n_dec: int, causal_factor: float, per_token_layer: float
+def _part_b_delta(config: TransformerConfig, enc: bool, dec: bool, s: int, t: int,
+                  n_enc: int, n_dec: int, causal_factor: float, per_token_layer: float
                   ) -> tuple[float, float]:
     """(dense, attention) FLOPs that Narang et al. 2021's part B options add to the plain
     count of one example (negative where they save):
@@ -141,8 +132,6 @@ def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc:
     """
     d, a = config.d_model, config.num_heads * config.head_dim
     dense = attention = 0.0
-    enc = family in ("encoder", "encoder_decoder")
-    dec = family in ("decoder", "encoder_decoder")
     if config.convolution != "none":
         k, h = config.conv_kernel_size, config.conv_groups or config.num_heads
         per_token = 2 * 3 * d * d - 2 * 4 * d * a + 2 * d * k
@@ -165,7 +154,7 @@ def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc:
             n, prev = lengths[i], lengths[max(i - 1, 0)]
             dense += depth * n * per_token_layer + 2 * 2 * d * a * (prev - n)  # k, v unpooled
             attention += 4 * n * prev * a + (depth - 1) * 4 * n * n * a
-        if family == "encoder_decoder":
+        if dec:
             dense += n_dec * 2 * 2 * d * a * (pooled - s)
             attention += n_dec * 4 * t * (pooled - s) * a
     if config.pkm_layers and dec:
@@ -176,13 +165,13 @@ def _part_b_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc:
     if config.adaptive_input:
         if config.adaptive_softmax_projection:
             dense += (s * enc + t * dec) * sum(2 * w * d for w in cluster_widths(config))
-    if config.transparent_attention and family == "encoder_decoder":
+    if config.transparent_attention and enc and dec:
         dense += 2 * (n_enc + 1) * n_dec * s * d
     return dense, attention
 
 
-def _layer_type_delta(config: TransformerConfig, family: str, s: int, t: int, n_enc: int,
-                      n_dec: int, causal_factor: float) -> tuple[float, float]:
+def _layer_type_delta(config: TransformerConfig, enc_on: bool, dec_on: bool, s: int, t: int,
+                      n_enc: int, n_dec: int, causal_factor: float) -> tuple[float, float]:
     """(dense, attention) FLOPs that `layer_type` adds to the plain count of one example:
 
     * "weighted" (t2t/nn/weighted.py): every head's branch passes the FFN, ``F = (g+1)·2·d·F``
@@ -196,9 +185,9 @@ def _layer_type_delta(config: TransformerConfig, family: str, s: int, t: int, n_
     """
     d, a, h = config.d_model, config.num_heads * config.head_dim, config.num_heads
     ffn = (len(config.mlp_activations) + 1) * 2 * d * config.d_ff
-    enc = n_enc if family in ("encoder", "encoder_decoder") else 0
-    dec = n_dec if family in ("decoder", "encoder_decoder") else 0
-    cross = family == "encoder_decoder"
+    enc = n_enc if enc_on else 0
+    dec = n_dec if dec_on else 0
+    cross = enc_on and dec_on
     dense = attention = 0.0
     if config.layer_type == "weighted":
         dense = enc * s * (h - 1) * ffn + dec * t * ((2 if cross else 1) * h - 1) * ffn
@@ -223,14 +212,16 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     ``causal`` applies to decoder self-attention (default True; False for a fully
     bidirectional count); the encoder is never causal. Layers are counted as dot-product
     attention and dense FFNs (the Universal Transformer's steps as layers; synthesizer
-    self-attention by `_synthesizer_delta`). ELMo (family
-    ``elmo``, an ``ElmoConfig``, ``target_length`` tokens): :func:`elmo_forward_flops`.
+    self-attention by `_synthesizer_delta`). A family with a formula of its own (ELMo:
+    `t2t.models.elmo.forward_flops`, an ``ElmoConfig``, ``target_length`` tokens) counts
+    itself.
     """
-    if family == "elmo":
-        _lengths("decoder", None, target_length)     # ELMo's length is the target length
-        return elmo_forward_flops(config, int(target_length))
-    family = _family(family)
-    s, t = _lengths(family, input_length, target_length)
+    counted = formula(family)
+    s, t = _lengths(family, counted, input_length, target_length)
+    if counted.forward is not None:
+        return counted.forward(config, input_length=s, target_length=t, num_masked=num_masked,
+                               causal=causal)
+    enc, dec = counted.encoder, counted.decoder
     d, a, f, v = config.d_model, config.num_heads * config.head_dim, config.d_ff, config.vocab_size
     per_token_layer = 2 * (4 * d * a + (len(config.mlp_activations) + 1) * d * f)
     causal_factor = 0.5 if (True if causal is None else causal) else 1.0
@@ -238,27 +229,27 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     n_enc = config.universal_steps or config.num_encoder_layers
     n_dec = config.universal_steps or config.num_decoder_layers
     dense = attention = 0.0
-    if family in ("encoder", "encoder_decoder"):
+    if enc:
         dense += n_enc * s * per_token_layer
         attention += n_enc * 4 * s * s * a
         dense, attention = (x + n_enc * y for x, y in zip(
             (dense, attention), _synthesizer_delta(config, s, 1.0)))
-    if family in ("decoder", "encoder_decoder"):
+    if dec:
         dense += n_dec * t * per_token_layer
         attention += n_dec * 4 * t * t * a * causal_factor
         dense, attention = (x + n_dec * y for x, y in zip(
             (dense, attention), _synthesizer_delta(config, t, causal_factor)))
-    if family == "encoder_decoder":
+    if enc and dec:
         dense += n_dec * 2 * 2 * d * a * (t + s)
         attention += n_dec * 4 * t * s * a
     dense, attention = (x + y for x, y in zip((dense, attention), _part_b_delta(
-        config, family, s, t, n_enc, n_dec, causal_factor, per_token_layer)))
+        config, enc, dec, s, t, n_enc, n_dec, causal_factor, per_token_layer)))
     dense, attention = (x + y for x, y in zip((dense, attention), _layer_type_delta(
-        config, family, s, t, n_enc, n_dec, causal_factor)))
-    if family == "encoder":
-        positions = s if num_masked is None else num_masked
-    else:
+        config, enc, dec, s, t, n_enc, n_dec, causal_factor)))
+    if dec:
         positions = t
+    else:
+        positions = s if num_masked is None else num_masked
     e = config.embedding_dim
     logits = 2 * (e or d) * v * positions
     if e:
@@ -282,8 +273,7 @@ def step_flops(config: TransformerConfig, family: str, batch_size: int, *,
 def tokens_per_example(family: str, input_length: Optional[int] = None,
                        target_length: Optional[int] = None) -> int:
     """S (encoder), T (decoder or ELMo) or S + T (encoder-decoder)."""
-    s, t = _lengths(_family("decoder" if family == "elmo" else family), input_length,
-                    target_length)
+    s, t = _lengths(family, formula(family), input_length, target_length)
     return s + t
 
 

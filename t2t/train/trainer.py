@@ -275,7 +275,7 @@ def batch_geometry(family: str, batch: Dict[str, np.ndarray]) -> Dict[str, int]:
         geometry["target_length"] = batch["token_ids"].shape[1]
     if "masked_positions" in batch:
         geometry["num_masked"] = batch["masked_positions"].shape[1]
-    elif family == "bert":
+    elif flops_lib.formula(family).masked_logits:
         geometry["num_masked"] = 0   # a fine-tuning head: no vocabulary logits at all
     return geometry
 

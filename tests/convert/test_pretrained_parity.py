@@ -11,7 +11,8 @@ import torch  # noqa: E402  (the test extra: never skipped)
 import transformers  # noqa: E402  (the test extra: never skipped)
 
 from t2t.convert import hf as convert  # noqa: E402
-from t2t.convert.pretrained import PretrainedError, pretrained, roberta_positions  # noqa: E402
+from t2t.convert.hf_encoders import roberta_positions  # noqa: E402
+from t2t.convert.pretrained import PretrainedError, pretrained  # noqa: E402
 from tests.convert.helpers import hf_logits as _hf_logits  # noqa: E402
 from tests.convert.helpers import padded_batch, perturb  # noqa: E402
 

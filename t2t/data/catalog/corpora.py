@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from t2t.data.catalog import dictionaries, markup, sword
-from t2t.data.catalog.builders import (BUILDERS, Builder, BuildError, _bar, _text, apt_download,
-                                       deb_members, write_splits)
+from t2t.data.catalog.builders import (BUILDERS, Builder, BuildError, apt_download,
+                                       deb_members, decode_text, progress_bar, write_splits)
 
 MICRO_SPLIT = ("micro_corpus", (0.95, 0.05))  # (hash seed, train/validation), by document
 MICRO_LICENSES: dict[str, str] = {}           # source name -> license, for the manifest
@@ -110,13 +110,13 @@ def _title(text: str) -> str:
 
 def rst_documents(name: str, raw: bytes) -> Iterator[Document]:
     """A Sphinx ``_sources/PATH.rst.txt`` -> one document, id PATH."""
-    text = markup.rst_to_text(_text(raw))
+    text = markup.rst_to_text(decode_text(raw))
     yield {"id": _stem(name, "/_sources/", (".rst.txt", ".txt")), "title": _title(text),
            "text": text}
 
 
 def pod_documents(name: str, raw: bytes) -> Iterator[Document]:
-    text = markup.pod_to_text(_text(raw))
+    text = markup.pod_to_text(decode_text(raw))
     yield {"id": Path(name).stem, "title": _title(text), "text": text}
 
 
@@ -125,7 +125,7 @@ def man_documents(name: str, raw: bytes) -> Iterator[Document]:
     redirections give no text and are dropped by `write_documents`, as are BSD mdoc pages
     (``.Dd``/``.Nm`` macros, which `markup.roff_to_text` does not read)."""
     name, raw = _unzip(name, raw)
-    source = _text(raw)
+    source = decode_text(raw)
     text = "" if re.search(r"^\.(Dd|Nm)\b", source, re.M) else markup.roff_to_text(source)
     yield {"id": _stem(name, "/share/man/", ()), "title": _title(text), "text": text}
 
@@ -133,12 +133,12 @@ def man_documents(name: str, raw: bytes) -> Iterator[Document]:
 def info_documents(name: str, raw: bytes) -> Iterator[Document]:
     """An info file (``grep.info.gz``, or one part ``guile.info-3.gz``) -> one document."""
     name, raw = _unzip(name, raw)
-    text = markup.info_to_text(_text(raw))
+    text = markup.info_to_text(decode_text(raw))
     yield {"id": _stem(name, "/share/info/", ()), "title": _title(text), "text": text}
 
 
 def html_documents(name: str, raw: bytes) -> Iterator[Document]:
-    text = markup.html_to_text(_text(raw))
+    text = markup.html_to_text(decode_text(raw))
     yield {"id": _stem(name, "/html/", (".html",)), "title": _title(text), "text": text}
 
 
@@ -195,11 +195,11 @@ def sword_converter() -> Converter:
 
 def jargon_documents(name: str, raw: bytes) -> Iterator[Document]:
     _, raw = _unzip(name, raw)
-    yield from dictionaries.jargon_entries(_text(raw))
+    yield from dictionaries.jargon_entries(decode_text(raw))
 
 
 def wordnet_documents(name: str, raw: bytes) -> Iterator[Document]:
-    yield from dictionaries.wordnet_synsets(_text(raw), name.rsplit(".", 1)[-1])
+    yield from dictionaries.wordnet_synsets(decode_text(raw), name.rsplit(".", 1)[-1])
 
 
 # ----------------------------------------------------------------------------- builders
@@ -230,7 +230,7 @@ def deb_corpus(name: str, packages: Sequence[str], pattern: str, convert: Conver
         docs: list[Document] = []
         for deb in debs:
             members = deb_members(deb, pattern)
-            for member, raw in _bar(members, progress, f"{name} {deb.name.split('_')[0]}"):
+            for member, raw in progress_bar(members, progress, f"{name} {deb.name.split('_')[0]}"):
                 docs.extend(convert(member, raw))
         if not docs:
             raise BuildError(f"{name}: no file matching {pattern!r} in "

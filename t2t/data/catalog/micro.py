@@ -78,7 +78,7 @@ def _build_micro_corpus(out: Path, work: Path, progress: bool) -> dict:
         for source, docs in streams:
             stats = per_source.setdefault(source, {"documents": dict.fromkeys(files, 0),
                                                    "words": dict.fromkeys(files, 0)})
-            for doc in builders._bar(docs, progress, f"{NAME} {source}"):
+            for doc in builders.progress_bar(docs, progress, f"{NAME} {source}"):
                 if not doc["text"].strip():
                     continue
                 split = corpora.split_name(source, doc["id"])
