@@ -9,9 +9,9 @@ import zipfile
 from tests.jax_setup import cpu_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The extras' packages (eval, tfds, plots, peers): a core-only install has none of them.
-EXTRAS = ("sklearn", "sacrebleu", "rouge_score", "matplotlib", "tensorflow_datasets", "torch",
-          "transformers")
+# The extras' packages (eval, tfds, plots, corpora, peers): a core-only install has none.
+EXTRAS = ("sklearn", "sacrebleu", "rouge_score", "matplotlib", "tensorflow_datasets", "pyarrow",
+          "zstandard", "torch", "transformers")
 CORE_ONLY = f"""
 import importlib.abc, sys
 class _CoreOnly(importlib.abc.MetaPathFinder):

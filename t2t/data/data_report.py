@@ -3,7 +3,11 @@
 `scan` reads a split of a task over your files once, as training and evaluation will
 (the same preprocessors and feature converter): examples, tokens per feature, examples
 cut to the feature lengths (``truncated``), and the bad lines the readers skipped
-(`t2t.data.user_files`). `announce` adds the budget (packing, epochs that TRAIN_STEPS x
+(`t2t.data.user_files`). Text read as a stream (`t2t.data.streaming`) is scanned on its
+first documents (``stream_limit``, ``stream_chars``) and the counts extrapolated by the
+share of the files' bytes read; its bad lines are counted again as training meets them,
+and `after_training` adds those counts (``read``) to the reports, data.json, the end-of-run
+lines and a row of metrics.jsonl. `announce` adds the budget (packing, epochs that TRAIN_STEPS x
 BATCH_SIZE amounts to) and the vocabulary's byte-fallback rate on your text, logs it all,
 warns when more than 1% of a split's lines are bad or cut, and keeps the reports on the
 task (``task.data_reports``) for the end of the run and metrics.json. Splits larger than
@@ -12,12 +16,14 @@ task (``task.data_reports``) for the end of the run and metrics.json. Splits lar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from t2t.data.finetune_tasks import spread
 from t2t.data.preprocessors import SkipExample
+from t2t.data.streaming import stream_of
 from t2t.data.user_files import BadLines
 from t2t.data.vocab_training import coverage
 
@@ -40,6 +46,7 @@ class SplitReport:
     sampled: float = 1.0                  # share of the records scanned
     unit: str = "lines"                   # what `lines` counts: "lines" | "documents"
     texts: list = dataclasses.field(default_factory=list, repr=False)  # for coverage
+    read: dict | None = None              # a stream: what training read (`after_training`)
 
     @property
     def bad_share(self) -> float:
@@ -55,6 +62,8 @@ class SplitReport:
             out["first_bad_line"] = self.bad.first_any()
         if self.sampled < 1:
             out["sampled"] = round(self.sampled, 4)
+        if self.read is not None:
+            out["read_in_training"] = self.read
         return out
 
 
@@ -62,9 +71,13 @@ def _source(task: Any, split: str) -> Any:
     return task.get_source(split) if hasattr(task, "get_source") else task.source
 
 
+STREAM_LIMIT = 1_000          # documents of a stream's head scanned before a run
+STREAM_CHARS = 2_000_000      # ... and at most this many characters of them
+
+
 def scan(task: Any, split: str, converter: Any = None, *, encoder_vocabulary: Any = None,
-         max_length: int | None = None, limit: int = 20_000, max_texts: int = 2_000
-         ) -> SplitReport:
+         max_length: int | None = None, limit: int = 20_000, max_texts: int = 2_000,
+         stream_limit: int = STREAM_LIMIT, stream_chars: int = STREAM_CHARS) -> SplitReport:
     """One split's `SplitReport`: through ``converter`` (text-to-text and pretraining
     tasks) or, for BERT-style classifiers, ``encoder_vocabulary`` and ``max_length``."""
     source = _source(task, split)
@@ -74,12 +87,26 @@ def scan(task: Any, split: str, converter: Any = None, *, encoder_vocabulary: An
                          0, bad)
     if getattr(task, "kind", "") == "pretraining":
         report.unit = "documents"
-    indices = spread(len(source), limit)
-    report.sampled = len(indices) / max(len(source), 1)
-    if encoder_vocabulary is not None and getattr(task, "encoder_pair_fn", None):
+    stream = stream_of(source)
+    if stream is not None:
+        head = stream.head(stream_limit, stream_chars)
+        records = ((i, record) for i, (record, _) in enumerate(head))
+        _scan_examples(report, task, records, _stream_where, converter, max_texts)
+        report.bad.merge(head.bad)
+        report.sampled = max(head.fraction, 1e-9)
+        report.lines = (head.documents if head.fraction >= 1
+                        else round(head.documents / report.sampled))
+        indices: Sequence[int] = ()
+    else:
+        indices = spread(len(source), limit)
+        report.sampled = len(indices) / max(len(source), 1)
+    if stream is not None:
+        pass                                   # scanned above
+    elif encoder_vocabulary is not None and getattr(task, "encoder_pair_fn", None):
         _scan_pairs(report, task, source, indices, encoder_vocabulary, max_length, max_texts)
     elif converter is not None and task.kind not in ("span_qa", "tagging"):
-        _scan_examples(report, task, source, indices, converter, max_texts)
+        _scan_examples(report, task, ((i, source[i]) for i in indices),
+                       functools.partial(_where, source), converter, max_texts)
     else:
         report.examples = len(indices)
     if report.sampled < 1:
@@ -90,25 +117,28 @@ def scan(task: Any, split: str, converter: Any = None, *, encoder_vocabulary: An
     return report
 
 
-def _where(source: Any, i: int) -> str:
+def _where(source: Any, i: int, record: Any = None) -> str:
     return source.where(i) if hasattr(source, "where") else f"record {i}"
 
 
-def _scan_examples(report: SplitReport, task: Any, source: Any, indices: Sequence[int],
-                   converter: Any, max_texts: int) -> None:
-    for i in indices:
-        record = source[i]
+def _stream_where(i: int, record: Mapping) -> str:
+    return str(record["id"])
+
+
+def _scan_examples(report: SplitReport, task: Any, records: Iterable[tuple[int, Any]],
+                   where: Callable[[int, Any], str], converter: Any, max_texts: int) -> None:
+    for i, record in records:
         try:
             examples = task.preprocess(record, (0, 0, i), converter.lengths)
         except SkipExample as skip:
             report.bad.add(skip.reason if skip.reason in COUNTED else "empty",
-                           _where(source, i), skip.reason)
+                           where(i, record), skip.reason)
             continue
         for example in examples:
             try:
                 packable, cut = converter.prepare(example)
             except SkipExample as skip:
-                report.bad.add("empty", _where(source, i), skip.reason)
+                report.bad.add("empty", where(i, record), skip.reason)
                 continue
             report.examples += 1
             report.truncated += bool(cut)
@@ -157,11 +187,14 @@ def examples_per_row(converter: Any, report: SplitReport, task: Any, batch_rows:
     if converter is None or not converter.pack:
         return 1.0
     source = _source(task, report.split)
+    stream = stream_of(source)
+    records = (enumerate(record for record, _ in stream.head(STREAM_LIMIT, STREAM_CHARS))
+               if stream is not None else ((i, source[i]) for i in range(len(source))))
     rows = packed = 0
     packer = converter.new_packer(batch_rows)
-    for i in range(len(source)):
+    for i, record in records:
         try:
-            examples = task.preprocess(source[i], (0, 0, i), converter.lengths)
+            examples = task.preprocess(record, (0, 0, i), converter.lengths)
         except SkipExample:
             continue
         for example in examples:
@@ -293,10 +326,36 @@ def write(model_dir: str, reports: Mapping[str, SplitReport]) -> None:
         (path / "data.json").write_text(json.dumps(as_dict(reports), indent=2) + "\n")
 
 
+def after_training(reports: Mapping[str, SplitReport], train_data: Any,
+                   model_dir: str | None) -> dict | None:
+    """A stream's counts as training met them (documents read, bad lines by reason, the
+    first of each: ``train_data.bad_lines()``) into the train report's ``read`` and
+    data.json; returns them as metrics.jsonl's ``data/...`` row (None for other sources)."""
+    bad = getattr(train_data, "bad_lines", None)
+    report = reports.get("train")
+    if bad is None or report is None or report.unit != "documents":
+        return None
+    lines, stats = bad(), train_data.stats
+    report.read = {"documents": stats["documents"], "examples": stats["examples"],
+                   **{r: int(lines["counts"].get(r, 0)) for r in COUNTED}}
+    if lines["earliest"]:
+        report.read["first_bad_line"] = lines["earliest"]
+    if model_dir:
+        write(model_dir, reports)
+    return {f"data/{k}": v for k, v in report.read.items()}
+
+
 def end_lines(reports: Mapping[str, SplitReport]) -> list[str]:
     """What the end of a run says about the data: bad lines and cut examples per split."""
     out = []
     for r in reports.values():
+        if r.read is not None:                 # a stream: what training read
+            counts = ", ".join(f"{k} {r.read[k]}" for k in COUNTED)
+            first = r.read.get("first_bad_line")
+            out.append(f"data {r.split}: training read {r.read['documents']:,} documents "
+                       f"({r.read['examples']:,} examples); skipped lines: {counts}"
+                       + (f" (first bad line {first})" if first else ""))
+            continue
         counts = ", ".join(f"{k} {r.bad.counts.get(k, 0)}" for k in COUNTED)
         out.append(f"data {r.split}: {r.examples:,} examples; skipped lines: {counts}; "
                    f"truncated {r.truncated:,}"

@@ -10,7 +10,8 @@ and unpacked batches share one code path. Examples must already be trimmed to th
 grain's ``experimental.FirstFitPackIterDataset`` packs the same way, but it emits rows one
 by one from a window of bins (a batch may mix windows), so the pipeline could not put its
 skip/truncation counters and the one-element resume position into one batch-aligned state;
-this small packer runs inside ``pipeline.BatchIterator`` instead, one batch = one window.
+this small packer runs inside ``pipeline.PackedBatches`` instead (in each worker process),
+one batch = one window.
 """
 from __future__ import annotations
 

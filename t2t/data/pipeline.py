@@ -1,20 +1,29 @@
 """Deterministic, resumable, per-process input pipeline on grain.
 
     source ─► ShardedSource (this process's block) ─► grain.MapDataset: shuffle(seed)/epoch
-      ─► repeat(num_epochs) ─► map_with_index(preprocess + converter.prepare, in threads or
-      worker processes) ─► BatchIterator (first-fit packing into batch rows, finalize)
+      ─► repeat(num_epochs) ─► map_with_index(preprocess + converter.prepare, in threads)
+      ─► PackedBatches (first-fit packing into batch rows, finalize) ─► [mp_prefetch:
+      each worker process packs whole batches from its slice] ─► BatchIterator (counters)
 
 Randomness of an example's objective comes from ``(seed, [task,] epoch, record index)``, so it
 does not depend on worker order, thread timing or the number of processes, and masks are
 fresh every epoch (dynamic masking). A batch is the first-fit packing of consecutive
-examples; it is emitted when the next example fits in none of its rows. The iterator state
-is the grain read position of the element holding that next example plus its position in
-the element's list, and the running stats: a resumed iterator re-reads one element, never
-the stream. Resuming with another process count is refused: each process consumes a
-data-dependent number of records per batch (packing), so the union of consumed records is
-not a prefix of any re-sharded order; restart the epoch instead (or keep the count).
+examples (of one worker's slice); it is emitted when the next example fits in none of its
+rows. Packing runs where preprocessing runs, so with worker processes the main process
+receives finished batches (one message a batch) and only adds up their counters. The
+iterator state is grain's: for each packer, the read position of the element holding that
+next example plus its position in the element's list; and the running stats: a resumed
+iterator re-reads one element per packer, never the stream. The batches depend on the
+seed and the process and worker counts (0 and 1 workers give the same ones), so a state
+resumes only with the same counts. Resuming with another process count is refused: each
+process consumes a data-dependent number of records per batch (packing), so the union of
+consumed records is not a prefix of any re-sharded order; restart the epoch instead.
 Bad records (InvalidRecord, SkipExample from a preprocessor or converter, and, unless
 ``strict``, any other exception in a preprocessor) are counted under ``skipped`` and dropped.
+
+A streaming source (your files, `t2t.data.streaming.TextStream`) takes the place of the
+first three stages: its own per-host shards, shuffle buffer and state, then the same
+preprocessing, packing and iterator state; its bad lines are counted under ``bad_lines``.
 """
 from __future__ import annotations
 
@@ -29,10 +38,11 @@ import numpy as np
 from t2t.data.converters import FeatureConverter
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import InvalidRecord, RandomAccessSource, ShardedSource
+from t2t.data.streaming import stream_of
 from t2t.errors import ConfigError
 
 PreprocessFn = Callable[[Any, tuple[int, ...]], Any]  # (record, seed) -> dict | [dict] | None
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: packed in the main process (resumable with 0 workers)
 _log = logging.getLogger(__name__)
 
 
@@ -59,12 +69,15 @@ class _Preprocess:
 
     def __call__(self, index: int, item: tuple[int, Any]) -> dict:
         record_index, record = item
+        return self.process(record, (*self.seed_prefix, index // self.epoch_length,
+                                     record_index), record_index)
+
+    def process(self, record: Any, seed: tuple[int, ...], name: Any) -> dict:
         stats: collections.Counter = collections.Counter(documents=1)
         examples: list = []
         try:
             if isinstance(record, InvalidRecord):
                 raise SkipExample(record.reason)
-            seed = (*self.seed_prefix, index // self.epoch_length, record_index)
             outputs = self.preprocess_fn(record, seed)
             if outputs is None:
                 outputs = []
@@ -81,9 +94,30 @@ class _Preprocess:
             if self.strict:
                 raise
             if stats["skipped/error"] == 0:
-                _log.warning("preprocessing record %d failed; skipped", record_index, exc_info=True)
+                _log.warning("preprocessing record %s failed; skipped", name, exc_info=True)
             stats["skipped/error"] += 1
         return {"examples": examples, "stats": dict(stats)}
+
+
+class _StreamPreprocess(_Preprocess):
+    """The same map over a stream's elements ``(epoch, [file, key], record, bad lines)``:
+    the seed is ``(*seed_prefix, epoch, file, key)``, and the bad lines read before the
+    record travel with it (``bad/<reason>`` counts, the first of each in ``"bad"``)."""
+
+    def __init__(self, preprocess_fn: PreprocessFn, converter: FeatureConverter,
+                 seed_prefix: tuple[int, ...], strict: bool):
+        super().__init__(preprocess_fn, converter, seed_prefix, 1, strict)
+
+    def __call__(self, element: tuple) -> dict:
+        epoch, key, record, bad = element
+        if record is None:
+            out: dict = {"examples": [], "stats": {}}
+        else:
+            out = self.process(record, (*self.seed_prefix, epoch, *key), record.get("id"))
+        if bad:
+            out["stats"].update({f"bad/{k}": v for k, v in bad["counts"].items()})
+            out["bad"] = {"first": bad["first"], "earliest": bad["earliest"]}
+        return out
 
 
 MAX_BARREN_RECORDS = 10_000  # then every record is being skipped: fail, do not spin
@@ -115,31 +149,41 @@ def _mark_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-class BatchIterator:
-    """Process-local numpy batches; ``get_state``/``set_state`` are JSON-serialisable."""
+class PackedBatches(grain.IterDataset):
+    """Preprocessed elements ``{"examples", "stats"[, "bad"]}`` packed first-fit into whole
+    batches: elements ``{"batch": finalized arrays, "stats": what the batch's elements
+    added to the counters[, "bad": their first bad lines]}``. It runs where its parent runs
+    (in each worker process under ``mp_prefetch``), so the main process only receives
+    finished batches, one IPC message each, not one per document."""
 
-    def __init__(self, dataset: grain.MapDataset, converter: FeatureConverter, batch_rows: int, *,
-                 worker_count: int = 0, read_threads: int = 2, prefetch: int = 32,
-                 config: Mapping[str, Any] | None = None):
+    def __init__(self, parent: grain.IterDataset, converter: FeatureConverter, batch_rows: int):
+        super().__init__(parent)
         self.converter, self.batch_rows = converter, batch_rows
-        self.config = {**(config or {}), "worker_count": worker_count}
-        iter_ds = dataset.to_iter_dataset(
-            grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch))
-        if worker_count > 0:
-            _mark_flags_parsed()
-            iter_ds = iter_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
-        self._parent = iter(iter_ds)
-        self._stats: collections.Counter = collections.Counter()
+
+    def __iter__(self) -> _PackIterator:
+        return _PackIterator(self._parent.__iter__(), self.converter, self.batch_rows)
+
+    def __str__(self) -> str:
+        return f"PackedBatches(rows={self.batch_rows})"
+
+
+class _PackIterator(grain.DatasetIterator):
+    """A batch is the first-fit packing of consecutive examples, emitted when the next
+    example fits in none of its rows. The state is the parent's state just before the
+    element holding that next example, its position in the element's list, and whether
+    the element's counts already went out (with an earlier batch)."""
+
+    def __init__(self, parent: grain.DatasetIterator, converter: FeatureConverter,
+                 batch_rows: int):
+        super().__init__(parent)
+        self.converter, self.batch_rows = converter, batch_rows
         self._current: list | None = None  # examples of the element being consumed
         self._current_state: Any = None  # parent state just before that element
         self._position = 0
         self._resume_position = 0
         self._resume_counted = False
 
-    def __iter__(self) -> BatchIterator:
-        return self
-
-    def _pull(self) -> bool:
+    def _pull(self, stats: collections.Counter, bad: dict) -> bool:
         """Reads the next element; False at the end of the stream."""
         state = self._parent.get_state()
         try:
@@ -149,54 +193,123 @@ class BatchIterator:
             return False
         self._current, self._current_state = element["examples"], state
         self._position, self._resume_position = self._resume_position, 0
-        if self._resume_counted:  # its stats are already in the restored counters
+        if self._resume_counted:  # its counts went out with an earlier batch
             self._resume_counted = False
         else:
-            self._stats.update(element["stats"])
+            stats.update(element["stats"])
+            if "bad" in element:
+                for reason, where in element["bad"]["first"].items():
+                    bad["first"].setdefault(reason, where)
+                bad["earliest"] = bad["earliest"] or element["bad"]["earliest"]
         return True
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def __next__(self) -> dict[str, Any]:
         packer = self.converter.new_packer(self.batch_rows)
+        stats: collections.Counter = collections.Counter()
+        bad: dict = {"first": {}, "earliest": None}
         barren = 0                        # records in a row that gave no example
         while True:
             if self._current is None or self._position >= len(self._current):
-                if not self._pull():
+                if not self._pull(stats, bad):
                     if packer.is_empty:
                         raise StopIteration
                     break
                 barren = barren + 1 if not self._current else 0
                 if barren == MAX_BARREN_RECORDS:
-                    skipped = {k: v for k, v in self._stats.items() if k.startswith("skipped/")}
+                    skipped = {k: v for k, v in stats.items() if k.startswith("skipped/")}
                     raise ConfigError(f"{barren} records in a row gave no example (counts so "
-                                     f"far: {skipped}); do the feature lengths "
-                                     f"{self.converter.lengths} fit this task?")
+                                      f"far: {skipped}); do the feature lengths "
+                                      f"{self.converter.lengths} fit this task?")
                 continue
             packable, cut = self._current[self._position]
             if not packer.add(packable):
                 break  # the batch is full: this example starts the next one
             self._position += 1
-            self._stats["examples"] += 1
+            stats["examples"] += 1
             if cut:
-                self._stats["truncated"] += 1
-                self._stats["truncated_tokens"] += cut
-        self._stats["batches"] += 1
+                stats["truncated"] += 1
+                stats["truncated_tokens"] += cut
+        stats["batches"] += 1
         for key, (tokens, slots) in packer.token_counts().items():
-            self._stats[f"tokens/{key}"] += tokens
-            self._stats[f"slots/{key}"] += slots
-        return self.converter.finalize(packer.rows(self.batch_rows))
+            stats[f"tokens/{key}"] += tokens
+            stats[f"slots/{key}"] += slots
+        out = {"batch": self.converter.finalize(packer.rows(self.batch_rows)),
+               "stats": dict(stats)}
+        if bad["first"] or bad["earliest"]:
+            out["bad"] = bad
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        if self._current is not None and self._position < len(self._current):
+            return {"parent": self._current_state, "position": self._position,
+                    "counted": True}
+        return {"parent": self._parent.get_state(), "position": 0, "counted": False}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._parent.set_state(state["parent"])
+        self._current = None
+        self._resume_position = int(state["position"])
+        self._resume_counted = bool(state["counted"])
+
+    def __str__(self) -> str:
+        return f"PackIterator(rows={self.batch_rows})"
+
+
+WORKER_BUFFER = 2  # finished batches each worker process may hold ready
+
+
+class BatchIterator:
+    """Process-local numpy batches; ``get_state``/``set_state`` are JSON-serialisable.
+
+    Packing and ``finalize`` run in `PackedBatches`: in this process when ``worker_count``
+    is 0, else in each of ``worker_count`` grain worker processes over its own slice of
+    the elements (worker ``w`` of ``W`` takes elements, or a stream's shards, ``w, w+W,
+    ...``), the finished batches taken from the workers in turn. The batches depend on
+    ``(seed, process count, worker count)`` and on nothing else; 0 and 1 workers give the
+    same batches. The state is grain's (each worker's packing position) plus the running
+    counters."""
+
+    def __init__(self, dataset: grain.MapDataset | grain.IterDataset,
+                 converter: FeatureConverter, batch_rows: int, *, worker_count: int = 0,
+                 read_threads: int = 2, prefetch: int = 32, worker_buffer: int = WORKER_BUFFER,
+                 config: Mapping[str, Any] | None = None):
+        self.converter, self.batch_rows = converter, batch_rows
+        self.config = {**(config or {}), "worker_count": worker_count}
+        iter_ds = dataset if isinstance(dataset, grain.IterDataset) else dataset.to_iter_dataset(
+            grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch))
+        batches: grain.IterDataset = PackedBatches(iter_ds, converter, batch_rows)
+        if worker_count > 0:
+            _mark_flags_parsed()
+            batches = batches.mp_prefetch(grain.MultiprocessingOptions(
+                num_workers=worker_count, per_worker_buffer_size=worker_buffer))
+        self._parent = iter(batches)
+        self._stats: collections.Counter = collections.Counter()
+        self._bad_first: dict = {"first": {}, "earliest": None}  # a stream's bad lines
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        element = next(self._parent)
+        self._stats.update(element["stats"])
+        if "bad" in element:
+            for reason, where in element["bad"]["first"].items():
+                self._bad_first["first"].setdefault(reason, where)
+            self._bad_first["earliest"] = (self._bad_first["earliest"]
+                                           or element["bad"]["earliest"])
+        return element["batch"]
 
     def get_state(self) -> dict[str, Any]:
         """JSON-serialisable position; ``set_state`` of it resumes with the same batches."""
-        if self._current is not None and self._position < len(self._current):
-            parent, position, counted = self._current_state, self._position, True
-        else:
-            parent, position, counted = self._parent.get_state(), 0, False
-        return {"version": STATE_VERSION, "parent": parent, "position": position,
-                "counted": counted, "stats": dict(self._stats), "config": self.config}
+        return {"version": STATE_VERSION, "parent": self._parent.get_state(),
+                "stats": dict(self._stats), "config": self.config,
+                "bad_first": {"first": dict(self._bad_first["first"]),
+                              "earliest": self._bad_first["earliest"]}}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported pipeline state version {state.get('version')}")
+        version = state.get("version")
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"unsupported pipeline state version {version}")
         saved = state.get("config", {})
         for key in ("seed", "process_count", "process_index", "batch_rows", "worker_count"):
             if key in saved and key in self.config and saved[key] != self.config[key]:
@@ -205,11 +318,19 @@ class BatchIterator:
                        if key == "process_count" else "the state belongs to another pipeline")
                 raise ValueError(f"cannot resume: {key} was {saved[key]}, now "
                                  f"{self.config[key]} ({why})")
-        self._parent.set_state(state["parent"])
-        self._current = None
-        self._resume_position = int(state["position"])
-        self._resume_counted = bool(state["counted"])
+        parent = state["parent"]
+        if version == 1:  # packed in this process: the same position, one level up
+            if self.config["worker_count"]:
+                raise ValueError("cannot resume a data state saved before the workers packed "
+                                 "batches (state version 1) with worker processes: resume "
+                                 "with worker_count=0, or start a fresh iterator")
+            parent = {"parent": parent, "position": state["position"],
+                      "counted": state["counted"]}
+        self._parent.set_state(parent)
         self._stats = collections.Counter(state["stats"])
+        saved_bad = state.get("bad_first") or {}
+        self._bad_first = {"first": dict(saved_bad.get("first", {})),
+                           "earliest": saved_bad.get("earliest")}
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -225,7 +346,13 @@ class BatchIterator:
             "truncated_tokens": s["truncated_tokens"],
             "batches": s["batches"],
             "packing_efficiency": efficiency,
+            "bad_lines": {k.split("/", 1)[1]: v for k, v in s.items() if k.startswith("bad/")},
         }
+
+    def bad_lines(self) -> dict[str, Any]:
+        """A stream's bad lines met so far: ``counts`` by reason, the ``first`` of each
+        (``"file:line: why"``) and the ``earliest``; empty for random-access sources."""
+        return {"counts": self.stats["bad_lines"], **self._bad_first}
 
 
 def _local_rows(batch_size: int, process_count: int) -> int:
@@ -261,10 +388,16 @@ def make_pipeline(source: RandomAccessSource, preprocess_fn: PreprocessFn,
     ``seed`` is ``(seed, epoch, record index)``. ``num_epochs=None`` repeats forever.
     """
     process_index, process_count = _process(process_index, process_count)
-    dataset = processed_dataset(source, preprocess_fn, converter, seed, shuffle=shuffle,
-                                num_epochs=num_epochs, process_index=process_index,
-                                process_count=process_count, strict=strict)
     rows = _local_rows(batch_size, process_count)
+    if stream_of(source) is not None:
+        dataset = stream_of(source).dataset(
+            seed, shuffle=shuffle, num_epochs=num_epochs, process_index=process_index,
+            process_count=process_count, worker_count=worker_count
+        ).map(_StreamPreprocess(preprocess_fn, converter, (int(seed),), strict))
+    else:
+        dataset = processed_dataset(source, preprocess_fn, converter, seed, shuffle=shuffle,
+                                    num_epochs=num_epochs, process_index=process_index,
+                                    process_count=process_count, strict=strict)
     config = {"seed": int(seed), "process_index": process_index, "process_count": process_count,
               "batch_rows": rows}
     return BatchIterator(dataset, converter, rows, worker_count=worker_count,
@@ -280,6 +413,9 @@ def make_mixture_pipeline(components: Sequence[tuple[RandomAccessSource, Preproc
     """Like ``make_pipeline`` over several (source, preprocess, rate) components, each repeated
     forever and interleaved deterministically in proportion to its rate (grain ``mix``)."""
     process_index, process_count = _process(process_index, process_count)
+    if any(stream_of(src) is not None for src, _, _ in components):
+        raise ConfigError("a mixture reads random-access sources; your files (TEXT_FILES) "
+                          "stream: train on their task alone")
     datasets = [processed_dataset(src, fn, converter, seed + 7919 * i, shuffle=shuffle,
                                   process_index=process_index, process_count=process_count,
                                   seed_prefix=(int(seed), i), strict=strict)

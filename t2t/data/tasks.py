@@ -101,11 +101,11 @@ class Task:
                      **kwargs) -> BatchIterator:
         """``make_pipeline`` over this task; ``kwargs`` as there (shuffle, num_epochs, ...)."""
         self.vocabulary  # resolve once here, not in every worker
-        return make_pipeline(self.source, _TaskFn(self, converter.lengths), converter,
+        return make_pipeline(self.source, TaskFn(self, converter.lengths), converter,
                              batch_size, seed, **kwargs)
 
 
-class _TaskFn:
+class TaskFn:
     """Picklable ``(record, seed) -> examples`` for the pipeline."""
 
     def __init__(self, task: Task, sequence_length: dict[str, int]):
@@ -135,7 +135,7 @@ class Mixture:
         components = []
         for task, rate in self.tasks:
             task.vocabulary
-            components.append((task.source, _TaskFn(task, converter.lengths), rate))
+            components.append((task.source, TaskFn(task, converter.lengths), rate))
         return make_mixture_pipeline(components, converter, batch_size, seed, **kwargs)
 
 
@@ -299,15 +299,17 @@ class BertPretraining:
 
     Records are ``{"verses": [str]}`` (a book); the random B segments come from the other
     documents of ``source_fn()``, tokenised once per process, or with ``lazy=True`` on first
-    use (records then carry their position as ``"index"``: large corpora, `LazyDocuments`).
+    use (records then carry their position as ``"index"``: large corpora, `LazyDocuments`),
+    or with ``streamed=True`` from the record's ``other_sentences`` (a document the stream's
+    shuffle buffer holds: `t2t.data.streaming`), tokenised with it.
     """
 
     def __init__(self, source_fn: Callable[[], RandomAccessSource], sentences_key: str = "verses",
                  mask_rate: float = 0.15, whole_word: bool = True, span: bool = False,
-                 short_seq_prob: float = 0.1, lazy: bool = False):
+                 short_seq_prob: float = 0.1, lazy: bool = False, streamed: bool = False):
         self.source_fn, self.sentences_key = source_fn, sentences_key
         self.mask_rate, self.whole_word, self.span = mask_rate, whole_word, span
-        self.short_seq_prob, self.lazy = short_seq_prob, lazy
+        self.short_seq_prob, self.lazy, self.streamed = short_seq_prob, lazy, streamed
         self._cache: tuple[int, Any, Any, dict] | None = None
         self._lock = threading.Lock()
 
@@ -337,9 +339,16 @@ class BertPretraining:
 
     def __call__(self, record: dict, *, seed, vocabulary: Any, sequence_length: dict[str, int]
                  ) -> list[dict]:
-        documents, starts, index = self._documents(vocabulary)
         rng = prep.make_rng(seed)
-        position = record["index"] if self.lazy else index[record.get("id")]
+        if self.streamed:          # this document and the one the stream gave beside it
+            other = {self.sentences_key: record.get("other_sentences") or []}
+            pieces = documents_word_pieces([record, other], vocabulary, self.sentences_key)
+            documents = [[ids for ids, _ in doc] for doc in pieces]
+            starts = [[flags for _, flags in doc] for doc in pieces]
+            position = 0
+        else:
+            documents, starts, index = self._documents(vocabulary)
+            position = record["index"] if self.lazy else index[record.get("id")]
         instances = prep.create_instances_from_document(
             documents, position, rng, sequence_length["inputs"], vocabulary.cls_id,
             vocabulary.sep_id, self.short_seq_prob, word_starts=starts)

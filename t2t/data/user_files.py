@@ -1,17 +1,12 @@
 """Your own files as t2t data: globs, plain text, JSONL/TSV/CSV records, SQuAD JSON, CoNLL.
 
-Two kinds of source, both random access (``__len__``/``__getitem__``) with ``where(i)``,
-the file and line of record ``i``:
-
-* `TextDocuments` (pretraining): documents of plain text files (``.gz`` too), one per
-  blank-line-separated paragraph (``documents="files"``: one per file), their lines the
-  sentences BERT's NSP pairs; or of JSONL files, one per line (its ``field``). Lazy: lines
-  are memory-mapped and decoded on access; a line that is not UTF-8 is left out of its
-  document and counted (``undecodable_lines``).
-* `RecordFiles` (fine-tuning): the records of JSONL, TSV or CSV files (a header row names
-  the columns), SQuAD-format JSON or CoNLL tagging files, read once and checked: a bad
-  line is counted under its reason in ``bad`` (`BadLines`) and never reaches training or
-  evaluation.
+`RecordFiles` (fine-tuning) is a random-access source (``__len__``/``__getitem__``) with
+``where(i)``, the file and line of record ``i``: the records of JSONL, TSV or CSV files (a
+header row names the columns), SQuAD-format JSON or CoNLL tagging files, read once and
+checked: a bad line is counted under its reason in ``bad`` (`BadLines`) and never reaches
+training or evaluation. Text to pretrain on is read as a stream instead
+(`t2t.data.corpus`, `t2t.data.streaming`), with the same `BadLines`, and `sentences` for
+BERT.
 
 Reasons: ``undecodable`` (not UTF-8, not JSON, a row with the wrong number of columns),
 ``missing_field``, ``empty`` (a blank line, an empty field); ``truncated`` is counted when
@@ -28,12 +23,11 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
-from t2t.data.sources import InvalidRecord, _LineIndex, check_not_gzip, read_gzip
+from t2t.data.sources import check_not_gzip, read_gzip
 from t2t.errors import InputFileError
 
 BAD_REASONS = ("undecodable", "missing_field", "empty", "truncated")
@@ -133,140 +127,6 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“‘(\[]?[A-Z0-9À-ÖØ-Þ])"
 def sentences(lines: Sequence[str]) -> list[str]:
     """The sentences of a document's lines: each line, split after ``.!?`` before a capital."""
     return [s for line in lines for s in _SENTENCE_END.split(line.strip()) if s]
-
-
-class TextDocuments:
-    """Documents of plain text or JSONL files: ``{"id": "file:line", "text", "sentences"}``.
-
-    Plain text: ``documents="paragraphs"`` (default) makes each run of non-blank lines a
-    document (a file without blank lines is one), ``"files"`` each file; its ``text`` is
-    the lines joined by spaces (a vocabulary has no newline piece). JSONL: each
-    line's ``field`` (``"text"`` by default). One pass at construction checks every line:
-    bad ones (a JSONL line that is not JSON or lacks the field, a line that is not UTF-8,
-    which plain text documents leave out) are counted in ``bad``; indices cover the good
-    documents only, decoded again on access from the memory-mapped files.
-    """
-
-    def __init__(self, paths: Sequence[str], field: str | None = None,
-                 documents: str = "paragraphs"):
-        if documents not in ("paragraphs", "files"):
-            raise ValueError(f"documents must be 'paragraphs' or 'files', not {documents!r}")
-        self.paths, self.field, self.documents = list(paths), field or "text", documents
-        kinds = {file_format(p) for p in self.paths}
-        if kinds & {"tsv", "csv", "conll"}:
-            raise InputFileError("TEXT_FILES: pretraining reads plain text (.txt, .gz) or "
-                                 "JSONL (.jsonl with TEXT_FIELD), not TSV/CSV/CoNLL files")
-        self.jsonl = kinds <= {"jsonl", "json"}
-        if not self.jsonl and kinds & {"jsonl", "json"}:
-            raise InputFileError("TEXT_FILES: a mix of JSONL and plain text files; give one kind")
-        self._index = _LineIndex(self.paths)
-        if self.jsonl:
-            self._first = np.arange(len(self._index), dtype=np.int64)
-            self._last = self._first
-        else:
-            self._first, self._last = self._paragraphs()
-        self.bad, self.lines = BadLines(), len(self._first)
-        keep = []
-        for i in range(len(self._first)):
-            record = self._record(i)
-            if isinstance(record, InvalidRecord):
-                why = _WHY.get(record.reason, f"no field {self.field!r}")
-                if not self.jsonl and record.reason == "undecodable":
-                    why = "not UTF-8"                   # plain text: there is no JSON
-                self.bad.add(record.reason, self._where(i), why)
-                continue
-            for j in record.get("undecodable_lines", ()):
-                self.bad.add("undecodable", self.line_where(j), "not UTF-8")
-            keep.append(i)
-        self._valid = np.asarray(keep, np.int64)
-        if not keep:
-            raise InputFileError(f"TEXT_FILES: no usable text in {self.paths[0]}"
-                                 + (f" and {len(self.paths) - 1} more" if self.paths[1:] else "")
-                                 + f" ({self.bad.first_any()})")
-
-    def _paragraphs(self) -> tuple[np.ndarray, np.ndarray]:
-        firsts, lasts = [], []
-        for f in range(len(self.paths)):
-            starts, ends = self._index._starts[f], self._index._ends[f]
-            offset = int(self._index._cumulative[f])
-            blank = ends - starts == 0
-            for j in np.flatnonzero((ends - starts > 0) & (ends - starts <= 8)):
-                blank[j] = not self._index.line(offset + int(j)).strip()
-            keep = np.flatnonzero(~blank)
-            if not len(keep):
-                continue
-            if self.documents == "files":
-                breaks = np.zeros(0, np.int64)
-            else:
-                breaks = np.flatnonzero(np.diff(keep) > 1)   # a blank line between
-            firsts.append(offset + keep[np.concatenate([[0], breaks + 1]).astype(np.int64)])
-            lasts.append(offset + keep[np.concatenate([breaks, [len(keep) - 1]]).astype(np.int64)])
-        if not firsts:
-            raise InputFileError(f"TEXT_FILES: {self.paths[0]}"
-                                 + (f" and {len(self.paths) - 1} more" if self.paths[1:] else "")
-                                 + " hold no text")
-        return np.concatenate(firsts).astype(np.int64), np.concatenate(lasts).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self._valid)
-
-    def where(self, index: int) -> str:
-        """``"file:line"`` of document ``index``'s first line (lines count from 1)."""
-        return self._where(int(self._valid[index]))
-
-    def _where(self, raw_index: int) -> str:
-        return self.line_where(int(self._first[raw_index]))
-
-    def line_where(self, line: int) -> str:
-        f = int(np.searchsorted(self._index._cumulative, line, side="right") - 1)
-        return f"{self.paths[f]}:{line - int(self._index._cumulative[f]) + 1}"
-
-    def __getitem__(self, index: int) -> dict:
-        return self._record(int(self._valid[index]))
-
-    def _record(self, raw_index: int) -> dict | InvalidRecord:
-        first, last = int(self._first[raw_index]), int(self._last[raw_index])
-        if self.jsonl:
-            return self._json_record(raw_index, self._index.line(first))
-        lines, bad = [], []
-        for j in range(first, last + 1):
-            raw = self._index.line(j)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                bad.append(j)
-                continue
-            if line.strip():
-                lines.append(line)
-        if not lines:
-            return InvalidRecord("undecodable", b"")
-        return {"id": self._where(raw_index), "text": " ".join(line.strip() for line in lines),
-                "sentences": sentences(lines), "undecodable_lines": bad}
-
-    def _json_record(self, raw_index: int, raw: bytes) -> dict | InvalidRecord:
-        if not raw.strip():
-            return InvalidRecord("empty", raw)
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return InvalidRecord("undecodable", raw)
-        if not isinstance(record, dict) or record.get(self.field) is None:
-            return InvalidRecord("missing_field", raw)
-        text = str(record[self.field])
-        if not text.strip():
-            return InvalidRecord("empty", raw)
-        return {"id": self._where(raw_index), "text": text,
-                "sentences": sentences(text.splitlines())}
-
-    def texts(self) -> Iterable[str]:
-        """Every good document's text, in order (what a vocabulary trains on)."""
-        return (self[i]["text"] for i in range(len(self)))
-
-    def __repr__(self) -> str:
-        return f"TextDocuments({len(self.paths)} files, len={len(self)})"
-
-
-_WHY = {"undecodable": "not UTF-8 or not valid JSON", "empty": "blank line or empty field"}
 
 
 # ----------------------------------------------------------------------------- labelled records

@@ -36,6 +36,7 @@ from t2t.data.finetune_tasks import (FinetuneTask, f1_with_invalid, macro_f1, sq
                                      squad_postprocess, string_to_float, text,
                                      tokenize_text_to_text)
 from t2t.data.preprocessors import SkipExample
+from t2t.data.streaming import TextStream
 from t2t.errors import ConfigError, InputFileError
 from t2t.evaluation import metrics as metrics_lib
 
@@ -361,20 +362,22 @@ def _label_counts(task: FinetuneTask, train: user_files.RecordFiles) -> dict | N
 # ----------------------------------------------------------------------------- pretraining
 
 TEXT_CORPUS = "text_files"
+VOCAB_SAMPLE_CHARS = 10_000_000   # the vocabulary's sample of your text, whatever its size
 
 
-def text_files_tasks(documents_: user_files.TextDocuments, vocabulary: Any,
-                     corpus: str = TEXT_CORPUS) -> list[tasks_lib.Task]:
-    """The pretraining tasks of `t2t.data.catalog.bible.bible_tasks` over your documents
-    (`TextDocuments`): ``<corpus>_span_corruption``, ``_lm``, ``_prefix_lm``, T5's
-    objective variants, and BERT's ``_mlm_nsp``, ``_mlm``, ``_ltr`` (the documents' lines'
-    sentences as BERT's), all with ``vocabulary``."""
-    paths = documents_.paths
-    source_fn = functools.partial(_same, documents_)
+def text_files_tasks(stream: TextStream, vocabulary: Any, corpus: str = TEXT_CORPUS
+                     ) -> list[tasks_lib.Task]:
+    """The pretraining tasks of `t2t.data.catalog.bible.bible_tasks` over your files, read
+    as a stream (`t2t.data.streaming.TextStream`): ``<corpus>_span_corruption``, ``_lm``,
+    ``_prefix_lm``, T5's objective variants, and BERT's ``_mlm_nsp``, ``_mlm``, ``_ltr``
+    (a document's lines' sentences as BERT's; NSP's random B from another buffered
+    document), all with ``vocabulary``."""
+    paths = stream.paths
+    source_fn = functools.partial(_same, stream)
     over = f"{paths[0]}" + (f" and {len(paths) - 1} more files" if paths[1:] else "")
     tasks = tasks_lib.t5_objective_tasks(corpus, source_fn, [tasks_lib.tokenize], vocabulary,
                                          over)
-    bert = tasks_lib.BertPretraining(source_fn, sentences_key="sentences")
+    bert = tasks_lib.BertPretraining(source_fn, sentences_key="sentences", streamed=True)
     tasks += [
         tasks_lib.Task(f"{corpus}_mlm_nsp", source_fn, [bert], vocabulary,
                        description=f"BERT MLM + NSP over {over}"),
@@ -385,8 +388,8 @@ def text_files_tasks(documents_: user_files.TextDocuments, vocabulary: Any,
                        vocabulary, description=f"BERT left-to-right LM over {over}")]
     for task in tasks:
         task.files = {"train": paths}
-        task.bad_lines = {"train": documents_.bad}
-        task.raw_lines = {"train": documents_.lines}
+        task.bad_lines = {"train": user_files.BadLines()}   # met as the stream reads
+        task.raw_lines = {"train": 0}
         task.kind = "pretraining"
     return tasks
 
@@ -395,15 +398,23 @@ def _same(source: Any) -> Any:
     return source
 
 
-def text_vocabulary(paths: Sequence[str], documents: user_files.TextDocuments, family: str,
-                    vocabulary: str | None = None, vocab_size: int = 8000) -> Any:
-    """``vocabulary`` (a .model or vocab.txt path) if given, else one trained on the
-    documents: WordPiece for BERT, SentencePiece for T5 and GPT (cached by content)."""
+def text_vocabulary(stream: TextStream, kind: str, vocabulary: str | None = None,
+                    vocab_size: int = 8000, sample_chars: int = VOCAB_SAMPLE_CHARS) -> Any:
+    """``vocabulary`` (a .model or vocab.txt path) if given, else one of ``kind``
+    ("wordpiece" or "sentencepiece") trained on a bounded, seeded sample of the stream
+    (`TextStream.sample_texts`, ``sample_chars`` characters), cached by the files' paths,
+    sizes and modification times, so its cost does not grow with the corpus."""
     if vocabulary:
         if not os.path.isfile(vocabulary):
             raise InputFileError(f"VOCABULARY: no such file {vocabulary!r} (a SentencePiece "
                                  ".model or a WordPiece vocab.txt)")
         return vocab_training.load(vocabulary)
-    if family == "bert":
-        return vocab_training.wordpiece_for(paths, documents.texts, vocab_size)
-    return vocab_training.sentencepiece_for(paths, documents.texts, vocab_size)
+    if kind not in ("wordpiece", "sentencepiece"):
+        raise ValueError(f"vocabulary kind {kind!r}: 'wordpiece' or 'sentencepiece'")
+    key = vocab_training.fingerprint_digest(stream.fingerprint(), kind, vocab_size,
+                                            "sample", sample_chars, stream.field,
+                                            stream.documents)
+    texts = functools.partial(stream.sample_texts, sample_chars)
+    if kind == "wordpiece":
+        return vocab_training.wordpiece_for(stream.paths, texts, vocab_size, key=key)
+    return vocab_training.sentencepiece_for(stream.paths, texts, vocab_size, key=key)

@@ -3,10 +3,11 @@ covers a text.
 
 `sentencepiece_for` (T5, GPT) and `wordpiece_for` (BERT) train on the texts of your files
 once; the result is kept under ``$T2T_CACHE_DIR/vocab/`` (`t2t.platforms.cache_dir`)
-named by a hash of the files' bytes and the settings, so the same files give the same
-vocabulary without training again, and changed files a new one. `coverage` measures the
-share of a text's tokens that are byte pieces (SentencePiece's byte fallback) or [UNK]
-(WordPiece), and the characters responsible.
+named by a hash of the files' bytes and the settings (or, for a corpus read as a stream,
+of its files' paths, sizes and modification times: `fingerprint_digest`), so the same
+files give the same vocabulary without training again, and changed files a new one.
+`coverage` measures the share of a text's tokens that are byte pieces (SentencePiece's byte
+fallback) or [UNK] (WordPiece), and the characters responsible.
 """
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def files_digest(paths: Sequence[str], *settings: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def fingerprint_digest(fingerprint: Sequence, *settings: Any) -> str:
+    """16 hex digits of sha256 over a corpus's fingerprint (each file's path, size and
+    mtime: `t2t.data.corpus.fingerprint`) and ``settings``; reads no file."""
+    return hashlib.sha256(repr((list(map(tuple, fingerprint)), settings)).encode()
+                          ).hexdigest()[:16]
+
+
 def _vocab_dir() -> Path:
     from t2t.platforms import cache_dir
     return cache_dir() / "vocab"
@@ -47,11 +55,14 @@ _TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set
 
 
 def sentencepiece_for(paths: Sequence[str], texts: Callable[[], Iterable[str]],
-                      vocab_size: int = 8000, extra_ids: int = 100) -> SentencePieceVocabulary:
+                      vocab_size: int = 8000, extra_ids: int = 100, key: str | None = None
+                      ) -> SentencePieceVocabulary:
     """A unigram SentencePiece (T5 ids, byte fallback, ``extra_ids`` sentinels) trained on
-    ``texts()``, the texts of ``paths``; cached by their content. A corpus too small for
-    ``vocab_size`` pieces gets the most SentencePiece can make (logged)."""
-    path = _vocab_dir() / f"spm_{vocab_size}_{files_digest(paths, 'spm', vocab_size)}.model"
+    ``texts()``, the texts of ``paths``; cached by their content (or by ``key``, e.g. a
+    `fingerprint_digest`). A corpus too small for ``vocab_size`` pieces gets the most
+    SentencePiece can make (logged)."""
+    key = key or files_digest(paths, 'spm', vocab_size)
+    path = _vocab_dir() / f"spm_{vocab_size}_{key}.model"
     if not path.exists():
         _log.info("training a %d-piece SentencePiece on %d file(s) -> %s", vocab_size,
                   len(paths), path)
@@ -70,10 +81,12 @@ def sentencepiece_for(paths: Sequence[str], texts: Callable[[], Iterable[str]],
 
 
 def wordpiece_for(paths: Sequence[str], texts: Callable[[], Iterable[str]],
-                  vocab_size: int = 8000, lowercase: bool = True) -> WordPieceVocabulary:
+                  vocab_size: int = 8000, lowercase: bool = True, key: str | None = None
+                  ) -> WordPieceVocabulary:
     """An uncased (unless told) BERT WordPiece trained on ``texts()`` with ``tokenizers``;
-    cached by the content of ``paths``."""
-    key = files_digest(paths, "wordpiece", vocab_size, lowercase)
+    cached by the content of ``paths`` (or by ``key``)."""
+    key = (key + ("" if lowercase else "_cased") if key
+           else files_digest(paths, "wordpiece", vocab_size, lowercase))
     path = _vocab_dir() / f"wordpiece_{vocab_size}_{key}.txt"
     if path.exists():
         return WordPieceVocabulary(str(path), lowercase=lowercase)

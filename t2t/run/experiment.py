@@ -18,14 +18,18 @@ import numpy as np
 import t2t.data.catalog.paper  # noqa: F401  registers the C4 and benchmark tasks
 from t2t import storage
 from t2t.data import converters as conv
+from t2t.data import data_report
 from t2t.data.characters import ElmoConverter
 from t2t.data.permutation_lm import PermutationLmConverter
 from t2t.data import tasks as tasks_lib
-from t2t.models.families import make_model
+from t2t.data.streaming import stream_of
+from t2t.models import families
+from t2t.nn.config import TransformerConfig
 from t2t import precision
 from t2t.run import configurables as configured
 from t2t.run import elmo as elmo_run
 from t2t.train import curves
+from t2t.train.metrics_log import MetricsLogger
 from t2t.train.trainer import TrainConfig, Trainer, TrainResult, fit
 from t2t.run.configurables import configurable
 
@@ -56,20 +60,6 @@ def task_name(task: Optional[str], corpus: Optional[str], objective: Optional[st
     if not (corpus and objective):
         raise ValueError("bind experiment.task, or both experiment.corpus and experiment.objective")
     return f"{corpus}_{OBJECTIVE_TASKS.get(objective, objective)}"
-
-
-def default_converter(family: str, objective: Optional[str]) -> str:
-    """t5: encoder-decoder; bert: encoder; xlnet: permutation LM; gpt: LM, or prefix LM for
-    inputs->targets tasks."""
-    if family == "elmo":         # one sentence a row (t2t.data.characters.ElmoConverter)
-        return "elmo"
-    if family == "t5":
-        return "encoder_decoder"
-    if family == "bert":
-        return "encoder"
-    if family == "xlnet":
-        return "permutation_lm"
-    return "lm" if objective in (None, "lm", "causal_lm") else "prefix_lm"
 
 
 @dataclasses.dataclass
@@ -115,31 +105,33 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
     task_obj = tasks_lib.get_task(task_name(task, corpus, objective))
     first_task = task_obj.tasks[0][0] if isinstance(task_obj, tasks_lib.Mixture) else task_obj
     vocab = first_task.vocabulary if vocab_size_from_task else None
+    fam = families.get(family)
     model_cfg = configured.model_config(family)
     if vocab is not None and model_cfg.vocab_size != vocab.padded_vocab_size:
         _log.info("vocab_size %d -> %d (the task's vocabulary, padded to 128)",
                   model_cfg.vocab_size, vocab.padded_vocab_size)
         model_cfg = model_cfg.replace(vocab_size=vocab.padded_vocab_size)
     teacher = None
-    if family == "distill":
+    if fam.teacher:
         from t2t.run.finetune import distill_teacher   # finetune imports this module
         teacher = distill_teacher()
-    model = make_model(family, model_cfg, configured.LossConfig(), teacher=teacher,
-                       classes=configured.MODEL_CLASSES)
+    model = families.make_model(family, model_cfg, configured.LossConfig(), teacher=teacher,
+                                classes=configured.MODEL_CLASSES)
 
-    converter_name = converter or default_converter(family, objective)
-    if converter_name not in CONVERTERS:
-        raise ValueError(f"unknown converter {converter_name!r}; choose one of {list(CONVERTERS)}")
+    if converter is not None and converter not in CONVERTERS:
+        raise ValueError(f"unknown converter {converter!r}; choose one of {list(CONVERTERS)}")
+    # the family's own (t5 encoder-decoder, bert encoder, xlnet permutation LM, gpt LM or
+    # prefix LM for inputs->targets tasks) unless one is named
+    converter_cls = CONVERTERS[converter] if converter else fam.default_converter(objective)
     kwargs = dict(converter_options or {})
-    if converter_name == "encoder":
+    if converter_cls is conv.EncoderConverter:
         kwargs["nsp"] = objective not in NO_NSP_OBJECTIVES
         pack = pack and not kwargs["nsp"]  # one NSP label per row: MLM+NSP rows hold one pair
-    feature_converter = CONVERTERS[converter_name](feature_lengths, pack=pack, **kwargs)
+    feature_converter = converter_cls(feature_lengths, pack=pack, **kwargs)
 
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size) if trainer_fn
                else make_trainer(model, train_cfg))
     if hasattr(first_task, "bad_lines"):   # your own files: say what the budget means
-        from t2t.data import data_report
         data_report.announce(first_task, feature_converter, batch_size,
                              trainer.config.train_steps, model_dir=trainer.config.model_dir)
     return Experiment(trainer, task_obj, feature_converter, batch_size,
@@ -164,7 +156,7 @@ def operative_config(exp: Experiment) -> str:
     if model_cfg.vocab_size != bound.vocab_size:
         config_str += (f"\n# {type(bound).__name__}.vocab_size {bound.vocab_size} was replaced "
                        f"by {model_cfg.vocab_size}: the task vocabulary's padded size.\n")
-    if _bound_dtype() == "auto" and exp.trainer.model.family != "elmo":
+    if _bound_dtype() == "auto" and isinstance(bound, TransformerConfig):
         config_str += (f"\n# TransformerConfig.dtype 'auto' resolved to {model_cfg.dtype!r} on "
                        f"this host: {precision.auto_choice().describe()}.\n")
     return config_str
@@ -195,8 +187,15 @@ def run() -> TrainResult:
     _log.info("building the model, task, vocabulary and data pipeline from the config")
     exp = experiment()
     config_str = write_operative_config(exp)
-    result = fit(exp.trainer, exp.data(), config_str=config_str,
+    data = exp.data()
+    result = fit(exp.trainer, data, config_str=config_str,
                  eval_data_fn=exp.eval_data if exp.eval_task is not None else None)
+    reports = getattr(exp.task, "data_reports", None)   # your files, streamed: what was read
+    row = reports and data_report.after_training(reports, data, exp.trainer.config.model_dir)
+    if row:
+        with MetricsLogger(exp.trainer.config.model_dir, initial_step=result.step,
+                           progress_bar=False, tensorboard=False) as log:
+            log.log(result.step, row, force=True)
     lines = elmo_run.after_pretraining(exp, result)   # ELMo: the downstream scalar mix
     if jax.process_index() == 0:
         print("\n".join([summary(exp, result), *lines]))
@@ -213,10 +212,13 @@ def run_metrics(model_dir: str) -> list:
 def example_prediction(exp: Experiment, params, index: int = 0) -> Optional[Dict[str, str]]:
     """The model's greedy output for the first example made from source record `index`
     (e.g. a span-corrupted verse), decoded to text; None for families without decoding."""
-    if exp.trainer.model.family in ("bert", "elmo") or isinstance(exp.task, tasks_lib.Mixture):
+    decodes = families.get(exp.trainer.model.family).decoding is not None
+    if not decodes or isinstance(exp.task, tasks_lib.Mixture):
         return None
     seed = (exp.trainer.config.seed, 0, index)
-    examples = exp.task.preprocess(exp.task.source[index], seed, exp.converter.lengths)
+    source = exp.task.source
+    record = source.first() if stream_of(source) is not None else source[index]
+    examples = exp.task.preprocess(record, seed, exp.converter.lengths)
     if not examples:
         return None
     single = type(exp.converter)(exp.converter.lengths, pack=False)
@@ -245,7 +247,6 @@ def summary(exp: Experiment, result: TrainResult) -> str:
                      "loss curve: not plotted (pip install 't2t[plots]' for matplotlib)")
     reports = getattr(exp.task, "data_reports", None)   # your own files: what was skipped
     if reports:
-        from t2t.data import data_report
         lines += data_report.end_lines(reports)
     example = example_prediction(exp, result.state.params)
     if example:

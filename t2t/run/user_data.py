@@ -10,10 +10,12 @@ from typing import Any
 import gin
 
 from t2t.data import tasks as tasks_lib
-from t2t.data import user_files, vocab_training
+from t2t.data import vocab_training
 from t2t.data.catalog.bible import bible_sentencepiece
-from t2t.data.user_tasks import (TEXT_CORPUS, from_files, read_labels, save_labels,
-                                 text_files_tasks, text_vocabulary)
+from t2t.data.streaming import CYCLE_LENGTH, SHUFFLE_BUFFER, TextStream
+from t2t.models import families
+from t2t.data.user_tasks import (TEXT_CORPUS, VOCAB_SAMPLE_CHARS, from_files, read_labels,
+                                 save_labels, text_files_tasks, text_vocabulary)
 from t2t.run.configurables import configurable
 
 
@@ -22,19 +24,25 @@ from t2t.run.configurables import configurable
 def text_corpus(text_files: Any = None, default: str = "bible_web", text_field: str = "text",
                 vocabulary: str | None = None, family: str = gin.REQUIRED,
                 model_dir: str | None = None, vocab_size: int = 8000,
-                documents: str = "paragraphs") -> str:
+                documents: str = "paragraphs", shuffle_buffer: int = SHUFFLE_BUFFER,
+                cycle_length: int = CYCLE_LENGTH,
+                vocab_sample_chars: int = VOCAB_SAMPLE_CHARS) -> str:
     """`experiment.corpus` for pretraining: ``default`` (the bundled Bible) when
-    ``text_files`` is None, else ``text_files``: tasks over your files (`text_files_tasks`)
-    registered with a vocabulary given or trained on them, which is saved in ``model_dir``
-    for fine-tuning to find."""
+    ``text_files`` is None, else ``text_files`` read as a stream (`TextStream`: each host
+    its own shards, ``shuffle_buffer`` documents shuffled, ``cycle_length`` files read in
+    turn): tasks over them (`text_files_tasks`) registered with a vocabulary given or
+    trained on a sample of ``vocab_sample_chars`` characters, which is saved in
+    ``model_dir`` for fine-tuning to find."""
     if not text_files:
         return default
-    paths = user_files.expand(text_files, "TEXT_FILES")
-    field = text_field if all(user_files.file_format(p) in ("jsonl", "json")
-                              for p in paths) else None
-    documents_ = user_files.TextDocuments(paths, field, documents)
-    vocab = text_vocabulary(paths, documents_, family, vocabulary, vocab_size)
-    for task in text_files_tasks(documents_, vocab):
+    stream = TextStream(text_files, text_field, documents, shuffle_buffer=shuffle_buffer,
+                        cycle_length=cycle_length)
+    stream.first()                     # a corpus with no text: one line now
+    # the family's own kind where t2t trains it (BERT and its successors: WordPiece), else
+    # SentencePiece (T5, GPT: byte-level BPE is not trained here)
+    kind = "wordpiece" if families.get(family).tokenizer == "wordpiece" else "sentencepiece"
+    vocab = text_vocabulary(stream, kind, vocabulary, vocab_size, vocab_sample_chars)
+    for task in text_files_tasks(stream, vocab):
         tasks_lib.register_task(task, overwrite=True)
     if model_dir:
         import jax

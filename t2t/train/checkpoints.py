@@ -1,12 +1,15 @@
 """Checkpoints: a thin layer over ``orbax.checkpoint.CheckpointManager``.
 
 One step directory holds three items: ``state`` (the train-state pytree, any sharding),
-``data`` (the input pipeline's iterator state, JSON) and ``config`` (the resolved gin config
-string, JSON). The directory may be local or in a bucket (gs://). Saves are asynchronous;
-the manager keeps the newest ``keep`` steps. Restore takes an abstract target
-(``jax.ShapeDtypeStruct`` leaves *with shardings*), so a checkpoint written on one mesh
-restores onto any other; stored shapes and dtypes are checked against the target first,
-with an error naming every mismatching parameter.
+``data_state`` (each process's input-pipeline iterator state, one JSON file per process,
+``process_{i}-of-{n}.json``, written by grain's checkpoint handler: on a pod every host reads
+its own shards, so every host resumes from its own position) and ``config`` (the resolved gin
+config string, JSON). Steps written before the per-process files hold process 0's state
+alone under ``data``; they are still read. The directory may be local or in a bucket
+(gs://). Saves are asynchronous; the manager keeps the newest ``keep`` steps. Restore takes
+an abstract target (``jax.ShapeDtypeStruct`` leaves *with shardings*), so a checkpoint
+written on one mesh restores onto any other; stored shapes and dtypes are checked against
+the target first, with an error naming every mismatching parameter.
 
 A step directory that cannot be read (truncated or corrupt files) is never deleted:
 ``set_aside`` renames it ``N.unreadable`` (a name orbax does not take for a step), so that
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 from typing import Any, Optional
 
 import jax
+import grain
 import numpy as np
 import orbax.checkpoint as ocp
 # orbax's own registry and metadata store (pinned orbax: private modules, no public handle)
@@ -31,7 +36,8 @@ from t2t import storage
 from t2t.errors import CheckpointMismatchError, DiskFullError
 
 PyTree = Any
-STATE, DATA, CONFIG = "state", "data", "config"
+STATE, DATA_STATE, CONFIG = "state", "data_state", "config"
+LEGACY_DATA = "data"      # process 0's data state alone (orbax's JSON item), before data_state
 UNREADABLE = ".unreadable"   # suffix of a step directory set aside as unreadable
 
 
@@ -177,6 +183,23 @@ def _write_whole_shards_in_one_process() -> None:
             override=True, ignore_warnings=True)
 
 
+class DataState:
+    """One process's data-iterator state (a JSON-able dict) in the form grain's checkpoint
+    handler saves and restores: ``get_state`` gives JSON bytes, ``set_state`` takes them."""
+
+    def __init__(self, state: Optional[dict] = None):
+        self.state = state
+
+    def get_state(self) -> bytes:
+        return json.dumps(self.state).encode()
+
+    def set_state(self, raw: bytes) -> None:
+        self.state = json.loads(raw)
+
+    def start_prefetch(self) -> None:   # the handler starts a real iterator's prefetch
+        pass
+
+
 class Checkpointer:
     """Async, keep-N checkpoints of (train state, data-iterator state, config string)."""
 
@@ -188,8 +211,9 @@ class Checkpointer:
             max_to_keep=keep, save_interval_steps=save_interval_steps, keep_period=keep_period,
             enable_async_checkpointing=async_save, create=True)
         # Handlers registered up front, so a fresh manager can read an old step's metadata.
-        handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler(),
-                    CONFIG: ocp.JsonCheckpointHandler()}
+        handlers = {STATE: ocp.StandardCheckpointHandler(),
+                    DATA_STATE: grain.checkpoint.CheckpointHandler(),
+                    LEGACY_DATA: ocp.JsonCheckpointHandler(), CONFIG: ocp.JsonCheckpointHandler()}
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_handlers=handlers)
         self._pending: Optional[int] = None   # the step of the save under way, if any
@@ -199,8 +223,8 @@ class Checkpointer:
         """Starts saving ``step`` (returns at once when async); False if the interval or an
         existing checkpoint of this step says skip. ``force`` ignores the interval."""
         items = {STATE: ocp.args.StandardSave(state)}
-        if data_state is not None:
-            items[DATA] = ocp.args.JsonSave(data_state)
+        if data_state is not None:       # this process's, as it is now (the save may be async)
+            items[DATA_STATE] = grain.checkpoint.CheckpointSave(DataState(data_state))
         if config_str is not None:
             items[CONFIG] = ocp.args.JsonSave({"gin": config_str})
         self.wait()                       # the pending save's own error names its own step
@@ -258,13 +282,33 @@ class Checkpointer:
                          check_dtypes=not allow_dtype_cast,
                          where=f"checkpoint {self.directory} (step {step})")
         items = {STATE: ocp.args.StandardRestore(target)}
-        has_data = DATA in metadata.keys()  # the JSON item's metadata itself is None
-        if has_data:
-            items[DATA] = ocp.args.JsonRestore()
-        if CONFIG in metadata.keys():       # read too: a step is whole only if all of it reads
+        stored_items = metadata.keys()      # the JSON items' metadata itself is None
+        if DATA_STATE in stored_items:
+            self._check_data_processes(step)
+            items[DATA_STATE] = grain.checkpoint.CheckpointRestore(DataState())
+        elif LEGACY_DATA in stored_items:
+            items[LEGACY_DATA] = ocp.args.JsonRestore()
+        if CONFIG in stored_items:          # read too: a step is whole only if all of it reads
             items[CONFIG] = ocp.args.JsonRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        return restored[STATE], (restored[DATA] if has_data else None)
+        if DATA_STATE in items:
+            return restored[STATE], restored[DATA_STATE].state
+        return restored[STATE], restored.get(LEGACY_DATA)
+
+    def _check_data_processes(self, step: int) -> None:
+        """A CheckpointMismatchError (one line) if ``step``'s data states were written by
+        another number of processes than this run has: each host's position in its own
+        shards cannot be carried to a different split of the corpus."""
+        folder = storage.path(self.directory) / str(step) / DATA_STATE
+        names = [p.name for p in folder.iterdir()] if folder.exists() else []
+        written = {name.rsplit("-of-", 1)[1].removesuffix(".json") for name in names
+                   if name.startswith("process_") and "-of-" in name}
+        if written and written != {str(jax.process_count())}:
+            raise CheckpointMismatchError(
+                f"checkpoint {self.directory} (step {step}) was written by "
+                f"{'/'.join(sorted(written))} process(es), this run has {jax.process_count()}: "
+                "each process resumes its own position in the data, so resume with the same "
+                "number of processes")
 
     def set_aside(self, step: int) -> str:
         """Renames ``step``'s directory ``N.unreadable`` (``N.unreadable.1``, ... if taken),

@@ -194,11 +194,14 @@ def test_to_global_arrays():
 
 
 def test_worker_processes_give_the_same_batches_and_resume():
-    reference = list(pipeline(0, num_epochs=1))
+    # the worker packs whole batches (PackedBatches): one worker gives 0 workers' batches
+    in_process = pipeline(0, num_epochs=1)
+    reference = list(in_process)
     it = pipeline(0, num_epochs=1, worker_count=1)
     head = take(it, 3)
     state = json.loads(json.dumps(it.get_state()))
     assert same(head + list(it), reference)
+    assert it.stats == in_process.stats
     resumed = pipeline(0, num_epochs=1, worker_count=1)
     resumed.set_state(state)
     assert same(list(resumed), reference[3:])
@@ -216,3 +219,17 @@ def test_a_task_whose_every_record_is_skipped_fails_instead_of_spinning(monkeypa
     it = make_pipeline(ListSource(range(7)), never, LMConverter({"targets": 16}), 4, 0)
     with pytest.raises(ValueError, match=r"50 records in a row gave no example.*too_long"):
         next(it)
+
+
+def test_a_state_saved_when_the_main_process_packed_still_resumes():
+    """Version 1 (packing in the main process) has the same position one level up."""
+    full = list(pipeline(0))
+    it = pipeline(0)
+    take(it, 5)
+    state = it.get_state()
+    old = {**state, "version": 1, **state["parent"]}   # parent, position, counted at the top
+    resumed = pipeline(0)
+    resumed.set_state(json.loads(json.dumps(old)))
+    assert same(list(resumed), full[5:])
+    with pytest.raises(ValueError, match="state version 1"):
+        pipeline(0, worker_count=1).set_state({**old, "config": {}})

@@ -1,5 +1,6 @@
 """Your own files: globs, every reader, each kind of bad line counted with its file:line,
-`from_files` kinds and labels, vocabularies cached by content, the data report."""
+`from_files` kinds and labels, vocabularies cached by content, the data report. (Text to
+pretrain on streams: tests/data/test_streaming.py.)"""
 import collections
 import csv
 import gzip
@@ -96,25 +97,6 @@ def test_tsv_csv_squad_and_conll(tmp_path):
     assert source.records == [{"tokens": ["John", "lives"], "tags": ["B-PER", "O"]},
                               {"tokens": ["in", "Rome"], "tags": ["O", "B-LOC"]}]
     assert source.bad.first_any() == f"{conll}:6: a token without a tag"
-
-
-def test_text_documents_paragraphs_files_and_jsonl(tmp_path):
-    path = _write(tmp_path / "a.txt", [b"First line. Second one.", b"Third.", b"", b"  ",
-                                       b"New doc.", b"bad \xff byte", b"", b""])
-    docs = user_files.TextDocuments([path])
-    assert len(docs) == 2
-    assert docs[0] == {"id": f"{path}:1", "text": "First line. Second one. Third.",
-                       "sentences": ["First line.", "Second one.", "Third."],
-                       "undecodable_lines": []}
-    assert docs[1]["text"] == "New doc." and docs.bad.first_any() == f"{path}:6: not UTF-8"
-    assert len(user_files.TextDocuments([path], documents="files")) == 1
-    jsonl = _write(tmp_path / "b.jsonl", [b'{"body": "one"}', b"{", b'{"title": "x"}',
-                                          b'{"body": "two"}'])
-    docs = user_files.TextDocuments([jsonl], field="body")
-    assert [docs[i]["text"] for i in range(len(docs))] == ["one", "two"]
-    assert docs.bad.counts == {"undecodable": 1, "missing_field": 1}
-    with pytest.raises(InputFileError, match="not TSV/CSV"):
-        user_files.TextDocuments([str(tmp_path / "x.csv")])
 
 
 # ----------------------------------------------------------------------------- from_files

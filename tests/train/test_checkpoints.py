@@ -75,6 +75,41 @@ def test_round_trip_bit_exact(saved):
         _assert_bit_exact(latest, state)
 
 
+def test_each_process_saves_its_own_data_state(saved, tmp_path):
+    """One file per process (here the one process of one): on a pod each host resumes its
+    own position in its own shards; a checkpoint of another number of processes is one line."""
+    import os
+    import shutil
+    from t2t.errors import CheckpointMismatchError
+    directory, state, shardings, data = saved
+    folder = os.path.join(directory, "10", ck.DATA_STATE)
+    assert [n for n in os.listdir(folder) if n.endswith(".json")] == ["process_0-of-1.json"]
+    copy = tmp_path / "two_hosts"
+    shutil.copytree(directory, copy)
+    os.rename(copy / "10" / ck.DATA_STATE / "process_0-of-1.json",
+              copy / "10" / ck.DATA_STATE / "process_0-of-2.json")
+    with ck.Checkpointer(str(copy)) as c:
+        with pytest.raises(CheckpointMismatchError, match=r"written by 2 process\(es\), this "
+                           r"run has 1: .* resume with the same number of processes"):
+            c.restore(10, ck.abstract_state(state, shardings))
+
+
+def test_a_step_saved_before_per_process_data_states_still_restores(tmp_path):
+    """Steps written before data_state hold process 0's state as orbax's JSON item "data"."""
+    import orbax.checkpoint as ocp
+    mesh = pt.make_mesh(pt.MeshConfig(data=8))
+    state, shardings = _state(mesh, SPECS_8)
+    with ocp.CheckpointManager(str(tmp_path), item_handlers={
+            "state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}) as old:
+        old.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            data=ocp.args.JsonSave({"position": 9})))
+        old.wait_until_finished()
+    with ck.Checkpointer(str(tmp_path)) as c:
+        restored, data_state = c.restore(5, ck.abstract_state(state, shardings))
+    assert data_state == {"position": 9}
+    _assert_bit_exact(restored, state)
+
+
 def test_restore_onto_2x2x2_mesh_and_one_device(saved):
     directory, state, _, _ = saved
     mesh = pt.make_mesh(pt.MeshConfig(data=2, fsdp=2, tensor=2))

@@ -65,7 +65,7 @@ def _tiny_checkpoints(directory, steps=(2, 4)):
                                                                 sharding=sharding), tree))
 
 
-@pytest.mark.parametrize("kind", ["state", "state/_METADATA", "data", "config"])
+@pytest.mark.parametrize("kind", ["state", "state/_METADATA", "data_state", "config"])
 def test_a_step_with_an_unreadable_item_is_set_aside_whole(tmp_path, caplog, kind):
     """The state's largest file or its tree metadata, the data iterator's state or the
     config, truncated: step 2 is restored, step 4 renamed 4.unreadable with every file kept,

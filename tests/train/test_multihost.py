@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import portpicker
+import pytest
 
 from t2t.cli import _gin_args
 from t2t.run import experiment, gin_utils
@@ -67,16 +68,7 @@ def _losses(model_dir):
 
 def test_two_processes_match_one(tmp_path):
     multi, single = tmp_path / "multi", tmp_path / "single"
-    port = portpicker.pick_unused_port()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "t2t.cli", "train", *ARGS, f"--gin.MODEL_DIR={multi}",
-         f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
-        env=cpu_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-
+    _train_two_processes(multi)
     _train_as_one_process(single)
 
     got, want = _losses(multi), _losses(single)
@@ -86,3 +78,35 @@ def test_two_processes_match_one(tmp_path):
     assert sorted(os.listdir(multi / "checkpoints")) == ["2", "4"]
     written = os.listdir(multi / "checkpoints" / "4" / "state")
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= set(written), written
+    # ... and each its own data position: the one process's record of both parts
+    (both,) = _data_states(single, 4, 1)
+    assert _data_states(multi, 4, 2) == both
+
+
+def _data_states(model_dir, step, processes):
+    folder = model_dir / "checkpoints" / str(step) / "data_state"
+    return [json.loads((folder / f"process_{i}-of-{processes}.json").read_text())
+            for i in range(processes)]
+
+
+def _train_two_processes(model_dir, *extra):
+    port = portpicker.pick_unused_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "t2t.cli", "train", *ARGS, *extra, f"--gin.MODEL_DIR={model_dir}",
+         f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
+        env=cpu_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_resume_each_from_its_own_data_position(tmp_path):
+    """Stopped at step 2 and run again to step 4, two processes train as they would have
+    straight through: each restored its own iterator state."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    _train_two_processes(straight)
+    _train_two_processes(stopped, "--gin.TRAIN_STEPS=2")
+    _train_two_processes(stopped)
+    np.testing.assert_array_equal(_losses(stopped), _losses(straight))

@@ -134,7 +134,7 @@ def test_an_unreadable_checkpoint_in_the_bucket_is_set_aside(bucket):
     with Checkpointer(directory, keep=3, async_save=False) as ckpt:
         for step in (1, 2):
             ckpt.save(step, jax.tree.map(lambda x: x + step, tree), {"epoch": step})
-    data = epath.Path(f"{directory}/2/data/metadata")
+    data = epath.Path(f"{directory}/2/data_state/process_0-of-1.json")
     data.write_text(data.read_text()[:5])                   # truncated
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])), tree)
@@ -143,7 +143,7 @@ def test_an_unreadable_checkpoint_in_the_bucket_is_set_aside(bucket):
         step, state, data_state = restore_newest_readable(ckpt, trainer, None)
         assert step == 1 and data_state == {"epoch": 1}
         ckpt.save(2, state, {"epoch": 2})                    # step 2 is free again
-    assert epath.Path(f"{directory}/2.unreadable/data/metadata").read_text() == '{"epo'
+    assert epath.Path(f"{directory}/2.unreadable/data_state/process_0-of-1.json").read_text() == '{"epo'
     assert Checkpointer(directory, async_save=False).all_steps() == [1, 2]
 
 
