@@ -48,3 +48,17 @@ def _fresh_gin_config():
     gin.clear_config()
     yield
     gin.clear_config()
+
+
+# The test files whose tests run longest (subprocess runs, whole grids), run first: with
+# `pytest -n 2` the last minute then holds short tests that both workers share, instead of
+# one worker finishing a 50-second test while the other waits. Order only; nothing else.
+LONGEST_FIRST = ("tests/train/test_resume.py", "tests/train/test_multihost.py",
+                 "tests/ablations/test_runner.py", "tests/test_wheel.py", "tests/test_docs.py",
+                 "tests/train/test_remote_model_dir.py", "tests/train/test_interrupt.py",
+                 "tests/train/test_finetune.py", "tests/nn/test_sharding.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

@@ -108,3 +108,47 @@ def test_gzip_output_is_reproducible(tmp_path):
     build_bible.write_jsonl_gz(records, b)
     assert a.read_bytes() == b.read_bytes()
     assert gzip.decompress(a.read_bytes()).decode() == '{"id": "Gen.1.1", "text": "ñ"}\n'
+
+
+def test_the_default_vocabularies_ship_and_load_without_training(monkeypatch):
+    """The 8,000-piece SentencePiece and WordPiece of the bundled Bible come with t2t: loaded,
+    not trained (the same ids on every machine), made with the settings training uses."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    from t2t.data.catalog import bible
+    from t2t.data.vocab import SentencePieceVocabulary, WordPieceVocabulary
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained a vocabulary that ships with t2t")
+    monkeypatch.setattr(SentencePieceVocabulary, "train", no_training)
+    monkeypatch.setattr(WordPieceVocabulary, "train", no_training)
+    bible.bible_sentencepiece.cache_clear()
+    bible.bible_wordpiece.cache_clear()
+    try:
+        spm, wordpiece = bible.bible_sentencepiece(), bible.bible_wordpiece()
+    finally:
+        bible.bible_sentencepiece.cache_clear()
+        bible.bible_wordpiece.cache_clear()
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(spm.model_proto)
+    spec = model.trainer_spec
+    assert (len(model.pieces), spec.vocab_size, spec.model_type, spec.byte_fallback) == (
+        8000, 8000, spec.UNIGRAM, True)
+    assert (spec.pad_id, spec.eos_id, spec.unk_id, spec.bos_id, spec.num_threads) == (
+        0, 1, 2, -1, 1)
+    assert spec.model_prefix == "bible_web_rv1909_spm_8000"     # not a temporary path
+    verse = "En el principio crió Dios los cielos y la tierra."
+    assert spm.decode(spm.encode(verse)) == verse
+    assert wordpiece.vocab_size >= 8000
+    assert wordpiece.decode(wordpiece.encode("In the beginning, God created")) == \
+        "in the beginning, god created"
+
+
+@pytest.mark.slow
+def test_the_shipped_sentencepiece_is_what_training_makes(tmp_path):
+    """SentencePiece training (one thread, a fixed seed) is deterministic: retrained, the
+    bundled model comes out byte for byte. (WordPiece training is not: `tokenizers` orders
+    pieces of equal count differently run to run, the same set; the shipped file fixes it.)"""
+    from t2t.data.catalog import bible
+    fresh = bible.train_sentencepiece(tmp_path, 8000).read_bytes()
+    assert fresh == bundled.vocabulary_path(bible.sentencepiece_name(8000)).read_bytes()

@@ -36,31 +36,49 @@ def loss_and_grads(module, inputs, reduce, params):
     return jax.value_and_grad(loss)(params)
 
 
-@pytest.mark.parametrize("family", sweep(sorted(CASES), ci={"gpt", "t5_scan"}))
-def test_sharded_forward_backward_matches_unsharded(family):
-    module, make_inputs, reduce = CASES[family]
-    inputs = make_inputs()
-    rng = jax.random.PRNGKey(0)
-    params = nn.unbox(module.init(rng, **inputs)["params"])
-    ref_loss, ref_grads = jax.jit(lambda p: loss_and_grads(module, inputs, reduce, p))(params)
+MESHES = ["2x2x2", "8x1x1", "1x1x8"]   # data x fsdp x tensor
+# CI: GPT on every mesh, T5 (scanned layers, the costliest compile) on the mesh that uses
+# all three axes at once; the rest under -m slow.
+CI = {("gpt", mesh) for mesh in MESHES} | {("t5_scan", "2x2x2")}
 
-    for shape in [(2, 2, 2), (8, 1, 1), (1, 1, 8)]:
-        mesh = partitioning.make_mesh(partitioning.MeshConfig(*shape))
-        sharded, shardings = partitioning.init_sharded(
-            lambda r: module.init(r, **inputs)["params"], rng, mesh=mesh)
-        batch_sharding = partitioning.batch_sharding(mesh)
-        sharded_inputs = {k: jax.device_put(v, batch_sharding) for k, v in inputs.items()}
-        with partitioning.sharding_context(mesh):
-            step = jax.jit(lambda p, x: loss_and_grads(module, x, reduce, p),
-                           out_shardings=(None, shardings))
-            loss, grads = step(sharded, sharded_inputs)
-        # The mesh really shards something (not all replicated).
-        specs = {s.spec for s in jax.tree_util.tree_leaves(shardings)}
-        assert any(any(ax is not None for ax in spec) for spec in specs), shape
-        np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, atol=0, err_msg=str(shape))
-        for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
-            scale = np.max(np.abs(np.asarray(b)))      # on the host, as max_diff is
-            assert max_diff(a, b) <= 1e-5 * max(scale, 1.0), shape
+
+@pytest.fixture(scope="module")
+def reference():
+    """family -> (inputs, unsharded params, loss, grads), computed once per family."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            module, make_inputs, reduce = CASES[family]
+            inputs = make_inputs()
+            params = nn.unbox(module.init(jax.random.PRNGKey(0), **inputs)["params"])
+            loss, grads = jax.jit(lambda p: loss_and_grads(module, inputs, reduce, p))(params)
+            cache[family] = inputs, loss, grads
+        return cache[family]
+    return get
+
+
+@pytest.mark.parametrize("family,shape", sweep([(f, m) for f in sorted(CASES) for m in MESHES],
+                                               ci=CI))
+def test_sharded_forward_backward_matches_unsharded(family, shape, reference):
+    module, _, reduce = CASES[family]
+    inputs, ref_loss, ref_grads = reference(family)
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(*map(int, shape.split("x"))))
+    sharded, shardings = partitioning.init_sharded(
+        lambda r: module.init(r, **inputs)["params"], jax.random.PRNGKey(0), mesh=mesh)
+    batch_sharding = partitioning.batch_sharding(mesh)
+    sharded_inputs = {k: jax.device_put(v, batch_sharding) for k, v in inputs.items()}
+    with partitioning.sharding_context(mesh):
+        step = jax.jit(lambda p, x: loss_and_grads(module, x, reduce, p),
+                       out_shardings=(None, shardings))
+        loss, grads = step(sharded, sharded_inputs)
+    # The mesh really shards something (not all replicated).
+    specs = {s.spec for s in jax.tree_util.tree_leaves(shardings)}
+    assert any(any(ax is not None for ax in spec) for spec in specs), shape
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, atol=0)
+    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        scale = np.max(np.abs(np.asarray(b)))      # on the host, as max_diff is
+        assert max_diff(a, b) <= 1e-5 * max(scale, 1.0)
 
 
 def test_undivisible_dimension_is_a_clear_error():

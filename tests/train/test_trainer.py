@@ -49,7 +49,8 @@ def test_any_mesh_gives_the_same_losses(tmp_path):
                                    partitioning.MESH_AXES,
                                    axis_types=(jax.sharding.AxisType.Auto,) * 3)
     ref = losses(run(tmp_path / "one", mesh=one_device))
-    for shape in [(8, 1, 1), (2, 2, 2), (1, 2, 4)]:
+    # data parallel, and fsdp with tensor parallel (tests/nn/test_sharding.py: all three at once)
+    for shape in [(8, 1, 1), (1, 2, 4)]:
         mesh = partitioning.make_mesh(partitioning.MeshConfig(*shape))
         got = losses(run(tmp_path / "x".join(map(str, shape)), mesh=mesh))
         np.testing.assert_allclose(got, ref, rtol=2e-5, err_msg=str(shape))

@@ -1,8 +1,10 @@
 """Small public-domain corpora shipped with t2t: verse-aligned Bible translations.
 
 `web` (World English Bible), `kjv` (King James Version) and `rv1909` (Spanish Reina-Valera
-1909), one record per verse: {"id": "Gen.1.1", "book", "chapter", "verse", "text"}.
-See README.md here for provenance and `build_bible.py` for how they were made.
+1909), one record per verse: {"id": "Gen.1.1", "book", "chapter", "verse", "text"}; and
+the two default vocabularies trained on them (`t2t.data.catalog.bible`), so every machine
+tokenizes the bundled data alike without training. See README.md here for provenance and
+`build_bible.py` for how they were made.
 """
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ def path(name: str) -> Path:
     if not p.is_file():
         raise KeyError(f"no bundled corpus {name!r}; have {names()}")
     return p
+
+
+def vocabulary_path(name: str) -> Path | None:
+    """Path of a bundled vocabulary file, or None if t2t ships none of that name."""
+    p = _DIR / name
+    return p if p.is_file() else None
 
 
 @functools.lru_cache(maxsize=None)

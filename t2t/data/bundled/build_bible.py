@@ -280,7 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE, help="output directory")
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"translations to build (default: all of {', '.join(TRANSLATIONS)})")
+    parser.add_argument("--vocabularies", action="store_true",
+                        help="instead, train the two default vocabularies on the bundled "
+                             "corpora into --out (about 15 s)")
     args = parser.parse_args(argv)
+    if args.vocabularies:
+        from t2t.data.catalog import bible
+        for path in (bible.train_sentencepiece(args.out, 8000),
+                     bible.train_wordpiece(args.out, 8000)):
+            print(f"{path.name}: {path.stat().st_size} bytes")
+        return 0
     unknown = set(args.names) - set(TRANSLATIONS)
     if unknown:
         parser.error(f"unknown translation(s) {sorted(unknown)}; choose from {list(TRANSLATIONS)}")

@@ -1,15 +1,19 @@
 """The bundled Bible as pretraining data: the ``bible_web_*`` tasks (T5 objectives over WEB
 chapters, BERT's MLM/NSP/LTR over its books) less a held-out 5% of the chapters, which
-their ``bible_web_*_validation`` twins read, and the vocabularies trained on it once and
-cached (`bible_sentencepiece`, `bible_wordpiece`). Registered at import.
+their ``bible_web_*_validation`` twins read, and the vocabularies trained on it
+(`bible_sentencepiece`, `bible_wordpiece`): the default 8,000-piece ones ship in
+`t2t.data.bundled` (the same on every machine, nothing to train), other sizes are trained
+once and cached. Registered at import.
 """
 from __future__ import annotations
 
 import collections
 import functools
 import os
+from pathlib import Path
 from typing import Any
 
+from t2t.data import bundled
 from t2t.data.sources import BundledSource, split_of
 from t2t.data.tasks import (BertPretraining, Task, bert_ltr, register_task,
                             t5_objective_tasks, tokenize)
@@ -24,32 +28,67 @@ def _web_rv1909_texts() -> list[str]:
     return _web_texts() + [r["text"] for r in BundledSource("rv1909")]
 
 
+def sentencepiece_name(vocab_size: int) -> str:
+    return f"bible_web_rv1909_spm_{vocab_size}.model"
+
+
+def wordpiece_name(vocab_size: int) -> str:
+    return f"bible_web_wordpiece_{vocab_size}.txt"
+
+
+def train_sentencepiece(directory: Path, vocab_size: int) -> Path:
+    """Trains the Bible SentencePiece of ``vocab_size`` pieces into ``directory`` (atomically;
+    its recorded model_prefix is the file's name, so the bytes do not depend on where or by
+    which process it was trained): the file's path."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    from t2t.data.vocab import SentencePieceVocabulary
+    path = directory / sentencepiece_name(vocab_size)
+    tmp = directory / f"{path.stem}.tmp{os.getpid()}"
+    SentencePieceVocabulary.train(_web_rv1909_texts(), tmp, vocab_size)
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(tmp.with_suffix(tmp.suffix + ".model").read_bytes())
+    model.trainer_spec.model_prefix = path.stem
+    tmp.with_suffix(tmp.suffix + ".model").write_bytes(model.SerializeToString())
+    tmp.with_suffix(tmp.suffix + ".model").replace(path)
+    tmp.with_suffix(tmp.suffix + ".vocab").unlink(missing_ok=True)
+    return path
+
+
+def train_wordpiece(directory: Path, vocab_size: int) -> Path:
+    """Trains the Bible WordPiece vocabulary of ``vocab_size`` into ``directory``: its path."""
+    from t2t.data.vocab import WordPieceVocabulary
+    path = directory / wordpiece_name(vocab_size)
+    WordPieceVocabulary.train(_web_texts(), path, vocab_size)
+    return path
+
+
 @functools.cache
 def bible_sentencepiece(vocab_size: int = 8000, extra_ids: int = 100) -> Any:
-    """A unigram SentencePiece (T5 ids: pad 0, eos 1, unk 2) trained once, cached, on WEB
-    and the Spanish RV1909 verses: as T5's vocabulary covered its translation languages
-    (C4 with German, French and Romanian), so Bible EN->ES targets are not byte soup."""
+    """A unigram SentencePiece (T5 ids: pad 0, eos 1, unk 2) of WEB and the Spanish RV1909
+    verses: as T5's vocabulary covered its translation languages (C4 with German, French and
+    Romanian), so Bible EN->ES targets are not byte soup. The bundled one, or trained once
+    and cached for another ``vocab_size``."""
     from t2t.data.vocab import SentencePieceVocabulary
 
-    path = cache_dir() / f"bible_web_rv1909_spm_{vocab_size}.model"
+    path = (bundled.vocabulary_path(sentencepiece_name(vocab_size))
+            or cache_dir() / sentencepiece_name(vocab_size))
     if not path.exists():
-        tmp = cache_dir() / f"bible_web_rv1909_spm_{vocab_size}.tmp{os.getpid()}"
-        SentencePieceVocabulary.train(_web_rv1909_texts(), tmp, vocab_size,
-                                      extra_ids=extra_ids)
-        tmp.with_suffix(tmp.suffix + ".model").replace(path)
-        tmp.with_suffix(tmp.suffix + ".vocab").unlink(missing_ok=True)
+        train_sentencepiece(cache_dir(), vocab_size)
     return SentencePieceVocabulary(str(path), extra_ids=extra_ids)
 
 
 @functools.cache
 def bible_wordpiece(vocab_size: int = 8000) -> Any:
-    """An uncased WordPiece vocabulary trained on WEB with ``tokenizers`` once, cached."""
+    """An uncased WordPiece vocabulary of WEB (``tokenizers``): the bundled one, or trained
+    once and cached for another ``vocab_size``."""
     from t2t.data.vocab import WordPieceVocabulary
 
-    path = cache_dir() / f"bible_web_wordpiece_{vocab_size}.txt"
-    if path.exists():
-        return WordPieceVocabulary(str(path), lowercase=True)
-    return WordPieceVocabulary.train(_web_texts(), path, vocab_size)
+    path = (bundled.vocabulary_path(wordpiece_name(vocab_size))
+            or cache_dir() / wordpiece_name(vocab_size))
+    if not path.exists():
+        train_wordpiece(cache_dir(), vocab_size)
+    return WordPieceVocabulary(str(path), lowercase=True)
 
 
 # ----------------------------------------------------------------------------- tasks
