@@ -162,7 +162,7 @@ def _span_corruption_task(corpus: Path, cache: Path) -> tuple:
     from t2t.data.streaming import TextStream
     from t2t.data.user_tasks import text_files_tasks, text_vocabulary
     stream = TextStream(f"{corpus}/*.jsonl.gz", "body")
-    vocab = text_vocabulary(stream, "t5")                       # cached by the training run
+    vocab = text_vocabulary(stream, "sentencepiece")            # cached by the training run
     task = next(t for t in text_files_tasks(stream, vocab)
                 if t.name == "text_files_span_corruption")
     return stream, vocab, task, EncDecConverter({"inputs": 512, "targets": 114})
