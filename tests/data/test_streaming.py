@@ -474,3 +474,19 @@ def test_a_sigkilled_training_on_streamed_jsonl_gz_resumes_bitwise(shards, tmp_p
     read = json.loads((straight / "data.json").read_text())["train"]["read_in_training"]
     assert read == {k.removeprefix("data/"): v for k, v in data.items() if k != "step"}
     assert "data train: training read" in done.stdout
+
+
+def test_the_corpus_scale_benchmark_runs_at_a_tiny_size(tmp_path, monkeypatch):
+    """benchmarks/corpus_scale.py's corpus, stage rates and pipeline rate on 2 MB (its real
+    runs take minutes): it cannot break unseen."""
+    from benchmarks import corpus_scale
+    monkeypatch.setenv("T2T_CACHE_DIR", str(tmp_path / "cache"))   # it sets the variable
+    corpus = tmp_path / "corpus"
+    info = corpus_scale.write_corpus(corpus, 0.002, 2, 1)
+    assert info["text_bytes"] >= 2_000_000 and len(list(corpus.glob("*.jsonl.gz"))) == 2
+    assert corpus_scale.write_corpus(corpus, 0.002, 2, 1) == info          # reused
+    stages = corpus_scale.stage_rates(corpus, tmp_path / "cache", documents=40)
+    assert stages["documents"] == 40 and stages["tokens"] > 0
+    assert set(corpus_scale.STAGES) <= set(stages["rates"])
+    assert all(rate > 0 for rate in stages["rates"].values())
+    assert corpus_scale.pipeline_rate(corpus, tmp_path / "cache", 0, 0.2) > 0
