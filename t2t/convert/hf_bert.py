@@ -204,6 +204,26 @@ def _mlm_fn(config: TransformerConfig, mlm_activation: str, positions: Optional[
     return jax.jit(fn)
 
 
+def encoder_hidden_states(model, positions: Optional[Callable] = None) -> Callable:
+    """`HfFamily.hidden_states` of BERT and its successors: the encoder's last hidden state
+    [batch, length, d_model] of any tree with `token_embedder` and `encoder` (heads or
+    none), with HF's position ids `positions(ids, pad_token_id)` where it computes them."""
+    return _hidden_fn(model.config, positions, model.pad_token_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _hidden_fn(config: TransformerConfig, positions: Optional[Callable], pad_token_id: int):
+    from t2t.models.bert import BertModel
+
+    def fn(params, ids, mask, types):
+        position_ids = None
+        if positions is not None:
+            position_ids = positions(ids, pad_token_id) - config.position_offset
+        return BertModel(config).apply({"params": params}, ids, mask, types, position_ids,
+                                       method=BertModel.encode)
+    return jax.jit(fn)
+
+
 def _params_from_hf(state: StateDict, config: TransformerConfig, architecture: str) -> Params:
     return bert_params_from_hf(state, config)
 
@@ -214,4 +234,7 @@ def _to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
 
 
 BERT = HfFamily("bert", ("BertForPreTraining", "BertForMaskedLM", "BertModel"), bert_config,
-                _params_from_hf, _to_hf, mlm_logits)
+                _params_from_hf, _to_hf, mlm_logits, hidden_states=encoder_hidden_states,
+                read_as={f"BertFor{head}": "BertModel" for head in (
+                    "SequenceClassification", "TokenClassification", "QuestionAnswering",
+                    "MultipleChoice", "NextSentencePrediction")})

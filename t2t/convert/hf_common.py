@@ -4,12 +4,15 @@ ways; the one-line refusal of a config HF cannot express; `PretrainedError`."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from t2t.errors import UserError
 from t2t.nn.config import TransformerConfig
+
+_log = logging.getLogger(__name__)
 
 HF_TO_T2T_ACTIVATION = {
     "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -74,4 +77,32 @@ class HfFamily:
     # (config, t2t training tree, generator config) -> {name: (architecture, config, tree)}
     # of the HF models the tree holds (default: one, the whole tree)
     split: Optional[Callable[..., Dict[str, Tuple[Optional[str], Any, Any]]]] = None
+    # model -> jitted (params, input_ids, attention_mask, token_type_ids) -> HF's
+    # `last_hidden_state` of the base class [batch, length, d_model] (T5: the encoder's)
+    hidden_states: Optional[Callable[[Any], Callable]] = None
+    # HF classes whose own head t2t does not map yet, read as the class named (the backbone
+    # and what heads it shares): their other tensors are named in one "ignored" log line
+    read_as: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def check_class(family: "HfFamily", architecture: str) -> None:
+    """PretrainedError (one line) unless `family` reads the HF class `architecture`."""
+    if architecture not in family.classes:
+        raise PretrainedError(f"{family.model_type} class {architecture!r} is not supported; "
+                              f"t2t reads {list(family.classes)}")
+
+
+def class_to_read(family: "HfFamily", architecture: str) -> str:
+    """The class of ``family`` whose tables read a checkpoint of ``architecture``: itself, or
+    (logged, one line) the class `read_as` names for a head t2t does not map yet; a
+    PretrainedError (one line) for any other class."""
+    if architecture in family.classes:
+        return architecture
+    if architecture in family.read_as:
+        read = family.read_as[architecture]
+        _log.warning("%s: t2t reads it as %s (its own head is not mapped yet)", architecture,
+                     read)
+        return read
+    check_class(family, architecture)
+    return architecture
 

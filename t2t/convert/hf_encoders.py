@@ -8,24 +8,30 @@ trees:
       ALBERT also `pooler` and its SOP head as `nsp_head`)
   ELECTRA discriminator -> `t2t.models.electra.ElectraDiscriminator` params (`rtd_head`)
 
+Each family reads and writes its base model too (`RobertaModel`, `AlbertModel`,
+`ElectraModel`, `DistilBertModel`: no prefix, no head) and ALBERT its `AlbertForMaskedLM`;
+`*_TABLES` give each HF class's table.
+
 ALBERT and ELECTRA sum their embeddings in width E and project to d_model
 (`project_summed_embeddings`); ALBERT's one shared layer is `encoder/layers/layer`.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, List, Mapping, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from t2t.convert.hf_bert import bert_config, bert_layer_rules, mlm_logits
+from t2t.convert.hf_bert import (bert_config, bert_layer_rules, encoder_hidden_states,
+                                  mlm_logits)
 from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, PretrainedError,
                                    activation, require)
 from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy,
-                               export_params, flat_params, import_params, layer_norm, linear)
+                               export_params, flat_params, import_params, initialise,
+                               layer_norm, linear, merge)
 from t2t.nn.config import TransformerConfig
 
 
@@ -105,19 +111,20 @@ def _common_hf(c: TransformerConfig) -> dict:
             "initializer_range": c.initializer_range, "layer_norm_eps": c.norm_eps}
 
 
-def roberta_hf_config(c: TransformerConfig, pad_token_id: int = 1) -> dict:
+def roberta_hf_config(c: TransformerConfig, pad_token_id: int = 1,
+                      architecture: str = "RobertaForMaskedLM") -> dict:
     _encoder_checks(c, "RoBERTa", factorized=False, position_offset=pad_token_id + 1)
     require(c.position_offset == pad_token_id + 1, "RoBERTa",
             f"needs position_offset = pad_token_id + 1 = {pad_token_id + 1}")
-    return {**_common_hf(c), "architectures": ["RobertaForMaskedLM"], "model_type": "roberta",
+    return {**_common_hf(c), "architectures": [architecture], "model_type": "roberta",
             "position_embedding_type": "absolute", "pad_token_id": pad_token_id,
             "bos_token_id": 0, "eos_token_id": 2}
 
 
-def albert_hf_config(c: TransformerConfig) -> dict:
+def albert_hf_config(c: TransformerConfig, architecture: str = "AlbertForPreTraining") -> dict:
     _encoder_checks(c, "ALBERT", factorized=True)
     require(c.share_layers, "ALBERT", "needs share_layers=True")
-    return {**_common_hf(c), "architectures": ["AlbertForPreTraining"], "model_type": "albert",
+    return {**_common_hf(c), "architectures": [architecture], "model_type": "albert",
             "embedding_size": c.embedding_dim or c.d_model, "num_hidden_groups": 1,
             "inner_group_num": 1, "classifier_dropout_prob": c.dropout_rate,
             "position_embedding_type": "absolute", "pad_token_id": 0, "bos_token_id": 2,
@@ -132,11 +139,12 @@ def electra_hf_config(c: TransformerConfig, architecture: str) -> dict:
             "position_embedding_type": "absolute", "pad_token_id": 0}
 
 
-def distilbert_hf_config(c: TransformerConfig) -> dict:
+def distilbert_hf_config(c: TransformerConfig,
+                         architecture: str = "DistilBertForMaskedLM") -> dict:
     _encoder_checks(c, "DistilBERT", factorized=False)
     require(c.type_vocab_size == 0 and c.norm_eps == 1e-12, "DistilBERT",
             "needs type_vocab_size=0 and norm_eps=1e-12")
-    return {"architectures": ["DistilBertForMaskedLM"], "model_type": "distilbert",
+    return {"architectures": [architecture], "model_type": "distilbert",
             "vocab_size": c.vocab_size, "dim": c.d_model, "n_layers": c.num_encoder_layers,
             "n_heads": c.num_heads, "hidden_dim": c.d_ff,
             "activation": T2T_TO_HF_ACTIVATION[c.mlp_activations[0]], "dropout": c.dropout_rate,
@@ -176,11 +184,23 @@ def _projection_rules(hf_name: str, c: TransformerConfig) -> List[Rule]:
             copy(f"{hf_name}.bias", "encoder/embedding_projection/bias", (c.d_model,))]
 
 
-def roberta_rules(c: TransformerConfig) -> List[Rule]:
-    rules = _embedding_rules("roberta.embeddings", c)
+def _pooler_rules(hf: str, c: TransformerConfig) -> List[Rule]:
+    d = c.d_model
+    return [linear(f"{hf}.weight", "pooler/dense/kernel", (d, d)),
+            copy(f"{hf}.bias", "pooler/dense/bias", (d,))]
+
+
+def roberta_rules(c: TransformerConfig, root: str = "roberta.", pooler: bool = False,
+                  mlm: bool = True) -> List[Rule]:
+    """RoBERTa's table under `root` ("roberta." with the MLM head, "" in RobertaModel)."""
+    rules = _embedding_rules(f"{root}embeddings", c)
     for i in range(c.num_encoder_layers):
-        rules += bert_layer_rules(f"roberta.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
-    return rules + _mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", c)
+        rules += bert_layer_rules(f"{root}encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+    if pooler:
+        rules += _pooler_rules(f"{root}pooler.dense", c)
+    if mlm:
+        rules += _mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", c)
+    return rules
 
 
 _SHARED = "shared"   # ALBERT's `layers/layer` is renamed while converting (not a scan stack)
@@ -189,28 +209,39 @@ _ALBERT_LAYER = {"query": "attention.query", "key": "attention.key", "value": "a
                  "wi": "ffn", "wo": "ffn_output", "mlp_norm": "full_layer_layer_norm"}
 
 
-def albert_rules(c: TransformerConfig, pooler: bool = True, heads: bool = True) -> List[Rule]:
-    d = c.d_model
-    rules = _embedding_rules("albert.embeddings", c)
-    rules += _projection_rules("albert.encoder.embedding_hidden_mapping_in", c)
-    rules += bert_layer_rules("albert.encoder.albert_layer_groups.0.albert_layers.0",
+def albert_rules(c: TransformerConfig, pooler: bool = True, heads: bool = True,
+                 root: str = "albert.", sop: Optional[bool] = None) -> List[Rule]:
+    """ALBERT's table under `root` ("albert." with heads, "" in AlbertModel): the pooler,
+    the MLM head (`heads`) and the SOP head (`sop`, default `heads`) as asked."""
+    rules = _embedding_rules(f"{root}embeddings", c)
+    rules += _projection_rules(f"{root}encoder.embedding_hidden_mapping_in", c)
+    rules += bert_layer_rules(f"{root}encoder.albert_layer_groups.0.albert_layers.0",
                               f"encoder/layers/{_SHARED}", c, _ALBERT_LAYER)
     if pooler:
-        rules += [linear("albert.pooler.weight", "pooler/dense/kernel", (d, d)),
-                  copy("albert.pooler.bias", "pooler/dense/bias", (d,))]
+        rules += _pooler_rules(f"{root}pooler", c)
     if heads:
         rules += _mlm_head_rules("predictions.dense", "predictions.LayerNorm", "predictions.bias",
                                  c)
-        rules += [linear("sop_classifier.classifier.weight", "nsp_head/dense/kernel", (d, 2)),
-                  copy("sop_classifier.classifier.bias", "nsp_head/dense/bias", (2,))]
+    if heads if sop is None else sop:
+        rules += _sop_rules(c)
     return rules
 
 
-def electra_rules(c: TransformerConfig, generator: bool) -> List[Rule]:
-    rules = _embedding_rules("electra.embeddings", c)
-    rules += _projection_rules("electra.embeddings_project", c)
+def _sop_rules(c: TransformerConfig) -> List[Rule]:
+    return [linear("sop_classifier.classifier.weight", "nsp_head/dense/kernel", (c.d_model, 2)),
+            copy("sop_classifier.classifier.bias", "nsp_head/dense/bias", (2,))]
+
+
+def electra_rules(c: TransformerConfig, generator: Optional[bool]) -> List[Rule]:
+    """ELECTRA's table: the generator's MLM head (`generator` True), the discriminator's
+    RTD head (False) or none, as `ElectraModel` (None: no `electra.` prefix)."""
+    root = "" if generator is None else "electra."
+    rules = _embedding_rules(f"{root}embeddings", c)
+    rules += _projection_rules(f"{root}embeddings_project", c)
     for i in range(c.num_encoder_layers):
-        rules += bert_layer_rules(f"electra.encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+        rules += bert_layer_rules(f"{root}encoder.layer.{i}", f"encoder/layers/layer_{i}", c)
+    if generator is None:
+        return rules
     if generator:
         return rules + _mlm_head_rules("generator_predictions.dense",
                                        "generator_predictions.LayerNorm",
@@ -229,11 +260,16 @@ _DISTIL_LAYER = {"query": "attention.q_lin", "key": "attention.k_lin",
                  "mlp_norm": "output_layer_norm"}
 
 
-def distilbert_rules(c: TransformerConfig) -> List[Rule]:
-    rules = _embedding_rules("distilbert.embeddings", c)
+def distilbert_rules(c: TransformerConfig, root: str = "distilbert.",
+                     mlm: bool = True) -> List[Rule]:
+    """DistilBERT's table under `root` ("distilbert." with the MLM head, "" in
+    DistilBertModel)."""
+    rules = _embedding_rules(f"{root}embeddings", c)
     for i in range(c.num_encoder_layers):
-        rules += bert_layer_rules(f"distilbert.transformer.layer.{i}",
+        rules += bert_layer_rules(f"{root}transformer.layer.{i}",
                                   f"encoder/layers/layer_{i}", c, _DISTIL_LAYER)
+    if not mlm:
+        return rules
     return rules + _mlm_head_rules("vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
                                    c)
 
@@ -252,41 +288,88 @@ def _rename(params, old: str, new: str) -> Params:
     return traverse_util.unflatten_dict(flat)
 
 
+# ----------------------------------------------------------------------- per HF class
+# HF class -> its table (config, pooler present?) -> rules; the first is written by default.
+ROBERTA_TABLES: Dict[str, Callable[[TransformerConfig, bool], List[Rule]]] = {
+    "RobertaForMaskedLM": lambda c, pooler: roberta_rules(c),
+    "RobertaModel": lambda c, pooler: roberta_rules(c, "", pooler=pooler, mlm=False)}
+ALBERT_TABLES: Dict[str, Callable[[TransformerConfig, bool], List[Rule]]] = {
+    "AlbertForPreTraining": lambda c, pooler: albert_rules(c),
+    "AlbertForMaskedLM": lambda c, pooler: albert_rules(c, pooler=False, sop=False),
+    "AlbertModel": lambda c, pooler: albert_rules(c, pooler=pooler, heads=False, root="")}
+# ELECTRA: HF class -> `electra_rules`' generator argument
+ELECTRA_TABLES: Dict[str, Optional[bool]] = {
+    "ElectraForPreTraining": False, "ElectraForMaskedLM": True, "ElectraModel": None}
+DISTILBERT_TABLES: Dict[str, Callable[[TransformerConfig, bool], List[Rule]]] = {
+    "DistilBertForMaskedLM": lambda c, pooler: distilbert_rules(c),
+    "DistilBertModel": lambda c, pooler: distilbert_rules(c, "", mlm=False)}
+# What AlbertForMaskedLM lacks of t2t's ALBERT (AlbertForPreTraining's pooler and SOP head):
+# initialised on load, left out on save.
+_ALBERT_MLM_MISSING = ("pooler", "nsp_head")
+
+
+def _without(params, modules) -> Params:
+    return {k: v for k, v in params.items() if k not in modules}
+
+
 def _roberta_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
     _check_tied(state, "lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight")
-    return import_params(state, roberta_rules(c), c, None)
+    rules = ROBERTA_TABLES[architecture](c, "pooler.dense.weight" in state)
+    return import_params(state, rules, c, None)
 
 
 def _albert_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
     _check_tied(state, "predictions.decoder.weight", "albert.embeddings.word_embeddings.weight")
-    rules = albert_rules(c, pooler="albert.pooler.weight" in state,
-                         heads="predictions.dense.weight" in state)
-    return _rename(import_params(state, rules, c, scan=False), _SHARED, "layer")
+    rules = ALBERT_TABLES[architecture](c, "pooler.weight" in state)
+    params = import_params(state, rules, c, scan=False)
+    if architecture == "AlbertForMaskedLM":
+        params = merge(params, initialise(
+            _pooler_rules("albert.pooler", c) + _sop_rules(c), c,
+            f"pooler and sentence-order head ({architecture} has the MLM head only)"))
+    return _rename(params, _SHARED, "layer")
 
 
 def _electra_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
-    generator = "generator_lm_head.bias" in state or architecture == "ElectraForMaskedLM"
+    generator = ELECTRA_TABLES[architecture]
+    if generator is not None and "generator_lm_head.bias" in state:
+        generator = True
     _check_tied(state, "generator_lm_head.weight", "electra.embeddings.word_embeddings.weight")
     return import_params(state, electra_rules(c, generator), c, None)
 
 
 def _distilbert_params(state: StateDict, c: TransformerConfig, architecture: str) -> Params:
     _check_tied(state, "vocab_projector.weight", "distilbert.embeddings.word_embeddings.weight")
-    return import_params(state, distilbert_rules(c), c, None)
+    return import_params(state, DISTILBERT_TABLES[architecture](c, False), c, None)
+
+
+def _roberta_to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
+    p = model.params
+    rules = ROBERTA_TABLES[model.architecture](model.config, "pooler" in p)
+    return (roberta_hf_config(model.config, model.pad_token_id, model.architecture),
+            export_params(p, rules))
 
 
 def _albert_to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
     p = model.params
-    return albert_hf_config(model.config), export_params(
-        _rename(p, "layer", _SHARED), albert_rules(model.config, pooler="pooler" in p,
-                                                   heads="mlm_head" in p))
+    if model.architecture == "AlbertForMaskedLM":
+        p = _without(p, _ALBERT_MLM_MISSING)
+    rules = ALBERT_TABLES[model.architecture](model.config, "pooler" in p)
+    return (albert_hf_config(model.config, model.architecture),
+            export_params(_rename(p, "layer", _SHARED), rules))
 
 
 def _electra_to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
-    generator = "rtd_head" not in model.params
-    architecture = "ElectraForMaskedLM" if generator else "ElectraForPreTraining"
+    p = model.params
+    architecture = ("ElectraForPreTraining" if "rtd_head" in p
+                    else "ElectraForMaskedLM" if "mlm_head" in p else "ElectraModel")
     return (electra_hf_config(model.config, architecture),
-            export_params(model.params, electra_rules(model.config, generator=generator)))
+            export_params(p, electra_rules(model.config, ELECTRA_TABLES[architecture])))
+
+
+def _distilbert_to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
+    rules = DISTILBERT_TABLES[model.architecture](model.config, False)
+    return (distilbert_hf_config(model.config, model.architecture),
+            export_params(model.params, rules))
 
 
 # ----------------------------------------------------------------------- logits
@@ -343,18 +426,17 @@ def _electra_split(config: TransformerConfig, p: Params, generator=None):
 
 
 ROBERTA = HfFamily(
-    "roberta", ("RobertaForMaskedLM",), roberta_config, _roberta_params,
-    lambda model: (roberta_hf_config(model.config, model.pad_token_id),
-                   export_params(model.params, roberta_rules(model.config))),
+    "roberta", tuple(ROBERTA_TABLES), roberta_config, _roberta_params, _roberta_to_hf,
     functools.partial(mlm_logits, mlm_activation=ROBERTA_MLM_ACTIVATION,
                       positions=roberta_positions),
-    pad_token_id=1, split=_keep("token_embedder", "encoder", "mlm_head"))
-ALBERT = HfFamily("albert", ("AlbertForPreTraining",), albert_config, _albert_params,
-                  _albert_to_hf, mlm_logits)
-ELECTRA = HfFamily("electra", ("ElectraForPreTraining", "ElectraForMaskedLM"), electra_config,
-                   _electra_params, _electra_to_hf, _electra_logits, split=_electra_split)
+    pad_token_id=1, split=_keep("token_embedder", "encoder", "mlm_head"),
+    hidden_states=functools.partial(encoder_hidden_states, positions=roberta_positions))
+ALBERT = HfFamily("albert", tuple(ALBERT_TABLES), albert_config, _albert_params,
+                  _albert_to_hf, mlm_logits, hidden_states=encoder_hidden_states)
+ELECTRA = HfFamily("electra", tuple(ELECTRA_TABLES), electra_config, _electra_params,
+                   _electra_to_hf, _electra_logits, split=_electra_split,
+                   hidden_states=encoder_hidden_states)
 DISTILBERT = HfFamily(
-    "distilbert", ("DistilBertForMaskedLM",), distilbert_config, _distilbert_params,
-    lambda model: (distilbert_hf_config(model.config),
-                   export_params(model.params, distilbert_rules(model.config))),
-    mlm_logits, split=_keep("token_embedder", "encoder", "mlm_head"))
+    "distilbert", tuple(DISTILBERT_TABLES), distilbert_config, _distilbert_params,
+    _distilbert_to_hf, mlm_logits, split=_keep("token_embedder", "encoder", "mlm_head"),
+    hidden_states=encoder_hidden_states)

@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 
 from t2t.convert.hf_common import HfFamily, common_checks, require
-from t2t.convert.hf_gpt2 import gpt2_rules, gpt_layer_rules, lm_logits
+from t2t.convert.hf_gpt2 import decoder_hidden_states, gpt2_rules, gpt_layer_rules, lm_logits
 from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, copy, export_params,
                                import_params, linear)
 from t2t.nn.config import TransformerConfig
@@ -97,9 +97,15 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: TransformerConfig,
     return import_params(state, rules(config, root), config, scan)
 
 
-def params_to_hf(config: TransformerConfig, params: Params) -> Dict[str, np.ndarray]:
-    """`Decoder` params -> OpenAIGPTLMHeadModel state dict (`transformer.` names)."""
-    return export_params(params, rules(config))
+def params_to_hf(config: TransformerConfig, params: Params,
+                 architecture: str = ARCHITECTURE) -> Dict[str, np.ndarray]:
+    """`Decoder` params -> OpenAIGPTLMHeadModel state dict (`transformer.` names), or
+    OpenAIGPTModel's (`architecture`; no prefix)."""
+    return export_params(params, rules(config, ROOTS[architecture]))
+
+
+# HF class -> the prefix of its tensors (OpenAIGPTModel's have none)
+ROOTS = {ARCHITECTURE: "transformer.", "OpenAIGPTModel": ""}
 
 
 # ----------------------------------------------------------------------- double heads
@@ -143,8 +149,9 @@ def double_heads_to_hf(model_type: str, config: TransformerConfig,
     return export_params(params, double_heads_rules(model_type, config))
 
 
-GPT1 = HfFamily(MODEL_TYPE, (ARCHITECTURE, "OpenAIGPTModel"), openai_gpt_config,
+GPT1 = HfFamily(MODEL_TYPE, tuple(ROOTS), openai_gpt_config,
                 lambda state, config, architecture: params_from_hf(state, config),
-                lambda model: (openai_gpt_hf_config(model.config),
-                               params_to_hf(model.config, model.params)),
-                lm_logits)
+                lambda model: (openai_gpt_hf_config(model.config, model.architecture),
+                               params_to_hf(model.config, model.params, model.architecture)),
+                lm_logits, hidden_states=decoder_hidden_states,
+                read_as={"OpenAIGPTDoubleHeadsModel": "OpenAIGPTLMHeadModel"})

@@ -36,7 +36,7 @@ def gpt2_config(d: Mapping) -> TransformerConfig:
         kernel_init="normal", initializer_range=d.get("initializer_range", 0.02))
 
 
-def gpt2_hf_config(config: TransformerConfig) -> dict:
+def gpt2_hf_config(config: TransformerConfig, architecture: str = "GPT2LMHeadModel") -> dict:
     """TransformerConfig -> HF `GPT2Config` dict (checks the config is a GPT-2)."""
     c = config
     require(c.norm_type == "layer" and c.pre_norm and c.use_bias, "GPT-2",
@@ -47,7 +47,7 @@ def gpt2_hf_config(config: TransformerConfig) -> dict:
     require(len(c.mlp_activations) == 1 and c.mlp_activations[0] in T2T_TO_HF_ACTIVATION, "GPT-2",
             f"mlp_activations={c.mlp_activations} is not one HF activation")
     common_checks(c, "GPT-2")
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+    return {"architectures": [architecture], "model_type": "gpt2",
             "vocab_size": c.vocab_size, "n_positions": c.max_length, "n_embd": c.d_model,
             "n_layer": c.num_decoder_layers, "n_head": c.num_heads, "n_inner": c.d_ff,
             "activation_function": T2T_TO_HF_ACTIVATION[c.mlp_activations[0]],
@@ -100,7 +100,7 @@ def gpt2_rules(c: TransformerConfig, root: str) -> List[Rule]:
     for i in range(c.num_decoder_layers):
         rules += gpt_layer_rules(f"{root}h.{i}", f"layers/layer_{i}", c)
     rules += layer_norm(f"{root}ln_f", "final_norm", d)
-    if not c.tie_embeddings:
+    if root and not c.tie_embeddings:    # GPT2Model (no root) has no LM head
         rules.append(linear("lm_head.weight", "logits_dense/kernel", (d, c.vocab_size)))
     return rules
 
@@ -119,9 +119,15 @@ def gpt2_params_from_hf(state_dict: StateDict, config: TransformerConfig,
     return import_params(state_dict, gpt2_rules(config, root), config, scan)
 
 
-def gpt2_params_to_hf(config: TransformerConfig, params: Params) -> Dict[str, np.ndarray]:
-    """Decoder params -> HF GPT2LMHeadModel state dict (`transformer.` names)."""
-    return export_params(params, gpt2_rules(config, "transformer."))
+def gpt2_params_to_hf(config: TransformerConfig, params: Params,
+                      architecture: str = "GPT2LMHeadModel") -> Dict[str, np.ndarray]:
+    """Decoder params -> HF GPT2LMHeadModel state dict (`transformer.` names), or
+    GPT2Model's (`architecture`; no prefix, no LM head)."""
+    return export_params(params, gpt2_rules(config, GPT2_ROOTS[architecture]))
+
+
+# HF class -> the prefix of its tensors (GPT2Model's have none, and no LM head)
+GPT2_ROOTS = {"GPT2LMHeadModel": "transformer.", "GPT2Model": ""}
 
 
 def load_gpt2(path, **overrides) -> Tuple[TransformerConfig, Params]:
@@ -140,17 +146,26 @@ def lm_logits(model) -> Callable:
     return _lm_fn(model.config)
 
 
+def decoder_hidden_states(model) -> Callable:
+    """`HfFamily.hidden_states` of GPT-2 and GPT-1: the last layer's states (after GPT-2's
+    final norm) [batch, length, d_model] of a right-padded batch."""
+    return _lm_fn(model.config, True)
+
+
 @functools.lru_cache(maxsize=None)
-def _lm_fn(config: TransformerConfig):
+def _lm_fn(config: TransformerConfig, hidden: bool = False):
     from t2t.nn.stacks import Decoder
 
     def fn(params, ids, mask, types):
-        return Decoder(config).apply({"params": params}, ids, decoder_segment_ids=mask)
+        return Decoder(config).apply({"params": params}, ids, decoder_segment_ids=mask,
+                                     return_hidden=hidden)
     return jax.jit(fn)
 
 
-GPT2 = HfFamily("gpt2", ("GPT2LMHeadModel", "GPT2Model"), gpt2_config,
+GPT2 = HfFamily("gpt2", tuple(GPT2_ROOTS), gpt2_config,
                 lambda state, config, architecture: gpt2_params_from_hf(state, config),
-                lambda model: (gpt2_hf_config(model.config),
-                               gpt2_params_to_hf(model.config, model.params)),
-                lm_logits)
+                lambda model: (gpt2_hf_config(model.config, model.architecture),
+                               gpt2_params_to_hf(model.config, model.params,
+                                                 model.architecture)),
+                lm_logits, hidden_states=decoder_hidden_states,
+                read_as={"GPT2DoubleHeadsModel": "GPT2LMHeadModel"})

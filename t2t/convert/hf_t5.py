@@ -1,8 +1,13 @@
-"""Hugging Face T5 (`T5ForConditionalGeneration`) <-> t2t `t2t.nn.stacks.EncoderDecoder`
-params: v1.0 (ReLU, tied and scaled logits) and v1.1 (gated GeLU, untied) configs."""
+"""Hugging Face T5 (`T5ForConditionalGeneration`, `T5Model`, `T5EncoderModel`) <-> t2t
+`t2t.nn.stacks.EncoderDecoder` params: v1.0 (ReLU, tied and scaled logits) and v1.1 (gated
+GeLU, untied) configs. `T5Model` has no LM head (`decoder/logits_dense`), `T5EncoderModel`
+no decoder either; the config is the checkpoint's either way."""
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Tuple
+import functools
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import jax
 
 import numpy as np
 
@@ -41,7 +46,8 @@ def t5_config(d: Mapping) -> TransformerConfig:
         dropout_rate=rate, mlp_dropout_rate=rate, kernel_init="variance_scaling")
 
 
-def t5_hf_config(config: TransformerConfig) -> dict:
+def t5_hf_config(config: TransformerConfig,
+                 architecture: str = "T5ForConditionalGeneration") -> dict:
     """TransformerConfig -> HF `T5Config` dict (checks the config is a T5)."""
     c = config
     require(c.norm_type == "rms" and c.pre_norm and not c.use_bias, "T5",
@@ -63,7 +69,7 @@ def t5_hf_config(config: TransformerConfig) -> dict:
         raise ValueError(f"T5 cannot express mlp_activations={acts}")
     require(c.embedding_dim is None and not c.scale_embeddings and not c.share_layers, "T5",
             "factorized/scaled embeddings and shared layers have no HF T5 form")
-    return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+    return {"architectures": [architecture], "model_type": "t5",
             "vocab_size": c.vocab_size, "d_model": c.d_model, "d_kv": c.head_dim,
             "d_ff": c.d_ff, "num_layers": c.num_encoder_layers,
             "num_decoder_layers": c.num_decoder_layers, "num_heads": c.num_heads,
@@ -92,13 +98,15 @@ def _t5_mlp(hf: str, t: str, c: TransformerConfig) -> List[Rule]:
     return rules + [linear(f"{hf}.wo.weight", f"{t}/wo/kernel", (f, d))]
 
 
-def t5_rules(c: TransformerConfig) -> List[Rule]:
+def t5_rules(c: TransformerConfig, decoder: bool = True, lm_head: bool = True) -> List[Rule]:
     """T5's table: the shared embedding, both stacks' relative position biases, layers and
-    final norms, and the untied output projection when there is one."""
+    final norms (the decoder's if `decoder`), and the untied output projection when there is
+    one (and `lm_head`)."""
     d = c.d_model
     rules = [copy("shared.weight", "token_embedder/embedding", (c.vocab_size, d),
                   aliases=("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"))]
-    for stack, n in (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers)):
+    stacks = (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers))
+    for stack, n in stacks[:2 if decoder else 1]:
         rules.append(transpose(
             f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
             f"{stack}/relpos/rel_embedding", (c.num_heads, c.relative_buckets)))
@@ -115,24 +123,35 @@ def t5_rules(c: TransformerConfig) -> List[Rule]:
             rules += _t5_mlp(f"{hf}.{m}.DenseReluDense", f"{t}/mlp", c)
             rules += layer_norm(f"{hf}.{m}.layer_norm", f"{t}/mlp_norm", d, bias=False)
         rules += layer_norm(f"{stack}.final_layer_norm", f"{stack}/final_norm", d, bias=False)
-    if not c.tie_embeddings:
+    if decoder and lm_head and not c.tie_embeddings:
         rules.append(linear("lm_head.weight", "decoder/logits_dense/kernel", (d, c.vocab_size)))
     return rules
 
 
+# HF class -> its table (`t5_rules`' decoder and lm_head arguments)
+T5_TABLES: Dict[str, Dict[str, bool]] = {
+    "T5ForConditionalGeneration": {"decoder": True, "lm_head": True},
+    "T5Model": {"decoder": True, "lm_head": False},
+    "T5EncoderModel": {"decoder": False, "lm_head": False}}
+
+
 def t5_params_from_hf(state_dict: StateDict, config: TransformerConfig,
-                      scan: Optional[bool] = None) -> Params:
-    """HF T5ForConditionalGeneration state dict (numpy) -> EncoderDecoder params."""
+                      scan: Optional[bool] = None,
+                      architecture: str = "T5ForConditionalGeneration") -> Params:
+    """HF T5ForConditionalGeneration (or `architecture`'s) state dict (numpy) ->
+    EncoderDecoder params."""
     if config.tie_embeddings and "lm_head.weight" in state_dict and "shared.weight" in state_dict:
         if not np.array_equal(state_dict["lm_head.weight"], state_dict["shared.weight"]):
             raise CheckpointMismatchError("config ties the embeddings but lm_head.weight "
                                           "differs from shared.weight")
-    return import_params(state_dict, t5_rules(config), config, scan)
+    return import_params(state_dict, t5_rules(config, **T5_TABLES[architecture]), config, scan)
 
 
-def t5_params_to_hf(config: TransformerConfig, params: Params) -> Dict[str, np.ndarray]:
-    """EncoderDecoder params -> HF T5ForConditionalGeneration state dict."""
-    return export_params(params, t5_rules(config))
+def t5_params_to_hf(config: TransformerConfig, params: Params,
+                    architecture: str = "T5ForConditionalGeneration") -> Dict[str, np.ndarray]:
+    """EncoderDecoder params -> HF T5ForConditionalGeneration (or `architecture`'s) state
+    dict."""
+    return export_params(params, t5_rules(config, **T5_TABLES[architecture]))
 
 
 def load_t5(path, **overrides) -> Tuple[TransformerConfig, Params]:
@@ -150,8 +169,23 @@ def _no_logits(model):
                           "t2t.nn.stacks.EncoderDecoder with decoder inputs")
 
 
-T5 = HfFamily("t5", ("T5ForConditionalGeneration",), t5_config,
-              lambda state, config, architecture: t5_params_from_hf(state, config),
-              lambda model: (t5_hf_config(model.config),
-                             t5_params_to_hf(model.config, model.params)),
-              _no_logits)
+def _encoder_hidden_states(model) -> Callable:
+    return _encode_fn(model.config)
+
+
+@functools.lru_cache(maxsize=None)
+def _encode_fn(config: TransformerConfig):
+    from t2t.nn.stacks import EncoderDecoder
+
+    def fn(params, ids, mask, types):
+        return EncoderDecoder(config).apply({"params": params}, ids, mask,
+                                            method=EncoderDecoder.encode)
+    return jax.jit(fn)
+
+
+T5 = HfFamily("t5", tuple(T5_TABLES), t5_config,
+              lambda state, config, architecture: t5_params_from_hf(state, config, None,
+                                                                    architecture),
+              lambda model: (t5_hf_config(model.config, model.architecture),
+                             t5_params_to_hf(model.config, model.params, model.architecture)),
+              _no_logits, hidden_states=_encoder_hidden_states)

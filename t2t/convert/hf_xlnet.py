@@ -198,6 +198,11 @@ def _check(d: Mapping, architecture: str) -> None:
 
 def _to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
     outputs = num_outputs(model.params)
+    if outputs is None and model.architecture == "XLNetModel":   # no prefix, no LM head
+        body = {k: v for k, v in tree(model.params).items() if k != "lm_bias"}
+        return (xlnet_hf_config(model.config, model.options, model.pad_token_id,
+                                "XLNetModel", 2),
+                export_params(body, xlnet_rules(model.config, root="")))
     architecture = ARCHITECTURE if outputs is None else (
         "XLNetForMultipleChoice" if model.architecture == "XLNetForMultipleChoice"
         else "XLNetForSequenceClassification")
@@ -228,5 +233,24 @@ def _logits_fn(config: TransformerConfig, options: XLNetOptions, outputs: Option
     return jax.jit(fn)
 
 
+def _hidden_states(model) -> Callable:
+    """The content stream's last states [batch, length, d_model] (XLNetModel's
+    `last_hidden_state`); of a head's tree, its `transformer`'s."""
+    return _hidden_fn(model.config, model.options, model.architecture in HEADS)
+
+
+@functools.lru_cache(maxsize=None)
+def _hidden_fn(config: TransformerConfig, options: XLNetOptions, head: bool):
+    from t2t.models.xlnet import XLNet
+
+    def fn(params, ids, mask, types):
+        body = dict(params["transformer"] if head else params)
+        body.setdefault("lm_bias", np.zeros((config.vocab_size,), config.params_dtype))
+        return XLNet(config, options).apply({"params": body}, ids, mask, types,
+                                            method=XLNet.encode)[0]
+    return jax.jit(fn)
+
+
 XLNET = HfFamily("xlnet", (ARCHITECTURE, "XLNetModel") + HEADS, xlnet_config, _params_from_hf,
-                 _to_hf, _logits, pad_token_id=5, options_from_hf=xlnet_options, check=_check)
+                 _to_hf, _logits, pad_token_id=5, options_from_hf=xlnet_options, check=_check,
+                 hidden_states=_hidden_states)

@@ -10,6 +10,9 @@ OpenAI GPT (GPT-1) and XLNet (its content stream over the whole input; perm_mask
 target_mapping and mems through `t2t.models.xlnet.XLNet`); class logits [batch, labels] for
 `XLNetForSequenceClassification` and [batch, choices] for `XLNetForMultipleChoice` (inputs
 [batch, choices, length]), in XLNet's layout (left padding, the [CLS] last).
+`PretrainedModel.hidden_states(input_ids, attention_mask)` equals the family's base class's
+`last_hidden_state` (T5: the encoder's). config.json's `architectures` names the HF class;
+`save_pretrained` writes that class back, and a class t2t does not read is one line.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2t.convert import hf_bert, hf_encoders, hf_gpt1, hf_gpt2, hf_t5, hf_xlnet
-from t2t.convert.hf_common import HfFamily, PretrainedError
+from t2t.convert.hf_common import HfFamily, PretrainedError, check_class, class_to_read
 from t2t.convert.hf_files import CONFIG_FILE, read_safetensors, write_directory
 from t2t.convert.rules import tree
 from t2t.models import families
@@ -64,12 +67,21 @@ class PretrainedModel:
 
     def logits(self, input_ids, attention_mask=None, token_type_ids=None) -> np.ndarray:
         """The HF class's logits for right- or left-padded [batch, length] ids (1 = token)."""
+        return self._run(_form(self.model_type).logits, input_ids, attention_mask,
+                         token_type_ids)
+
+    def hidden_states(self, input_ids, attention_mask=None, token_type_ids=None) -> np.ndarray:
+        """HF's `last_hidden_state` of the family's base class [batch, length, d_model]
+        (T5: the encoder's, as `T5EncoderModel`'s) for [batch, length] ids (1 = token)."""
+        return self._run(_form(self.model_type).hidden_states, input_ids, attention_mask,
+                         token_type_ids)
+
+    def _run(self, make_fn, input_ids, attention_mask, token_type_ids) -> np.ndarray:
         ids = jnp.asarray(input_ids, jnp.int32)
         mask = jnp.ones_like(ids) if attention_mask is None else jnp.asarray(attention_mask,
                                                                               jnp.int32)
         types = None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-        fn = _form(self.model_type).logits(self)
-        return np.asarray(fn(self.params, ids, mask, types))
+        return np.asarray(make_fn(self)(self.params, ids, mask, types))
 
 
 # ----------------------------------------------------------------------- load / save
@@ -112,7 +124,7 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
     directory = os.fspath(directory)
     d = _read_hf_config(directory)
     form = FORMS[d["model_type"]]
-    architecture = (d.get("architectures") or form.classes[:1])[0]
+    architecture = class_to_read(form, (d.get("architectures") or form.classes[:1])[0])
     config = _config(form, d)
     if overrides:
         config = config.replace(**overrides)
@@ -133,8 +145,10 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
 
 
 def save_pretrained(model: PretrainedModel, directory) -> None:
-    """Write `model` as config.json + model.safetensors that `transformers` loads."""
+    """Write `model` as config.json + model.safetensors that `transformers` loads, as the
+    HF class `model.architecture` (the one it was loaded from)."""
     form = _form(model.model_type)
+    check_class(form, model.architecture)
     hf_config, state = form.to_hf(dataclasses.replace(model, params=tree(model.params)))
     write_directory(directory, hf_config, state)
 
@@ -148,6 +162,8 @@ def pretrained(model_type: str, config: TransformerConfig, params,
         raise PretrainedError(f"model_type {model_type!r} is not supported; choose one of "
                               f"{list(SUPPORTED)}")
     form = FORMS[model_type]
+    if architecture is not None:
+        check_class(form, architecture)
     pad = form.pad_token_id if pad_token_id is None else pad_token_id
     return PretrainedModel(model_type, architecture or form.classes[0], config, tree(params),
                            pad, options)

@@ -193,6 +193,35 @@ def export_params(params: Params, rules: Sequence[Rule]) -> Dict[str, np.ndarray
     return out
 
 
+def initialise(rules: Sequence[Rule], config: TransformerConfig, what: str,
+               seed: int = 0) -> Params:
+    """The t2t params `rules` describe, newly initialised (kernels and tables normal with
+    `config.initializer_range`, norm scales 1, biases 0; seeded, so a reload is identical),
+    for a head a checkpoint lacks; named in one log line (`what`: the head)."""
+    rng = np.random.RandomState(seed)
+    flat: Dict[Path, np.ndarray] = {}
+    for rule in rules:
+        for path, shape in zip(rule.paths, rule.shapes):
+            if path[-1] == "scale":
+                arr = np.ones(shape)
+            elif path[-1] in ("kernel", "embedding"):
+                arr = rng.normal(0.0, config.initializer_range, shape)
+            else:
+                arr = np.zeros(shape)
+            flat[path] = arr.astype(config.params_dtype)
+    log.warning("checkpoint has no %s: initialised %s", what,
+                ", ".join(sorted({"/".join(p[:-1]) for p in flat})))
+    return traverse_util.unflatten_dict(flat)
+
+
+def merge(*trees) -> Params:
+    """Nested dicts joined (later trees win on a shared path)."""
+    flat: Dict[Path, np.ndarray] = {}
+    for t in trees:
+        flat.update(flat_params(t))
+    return traverse_util.unflatten_dict(flat)
+
+
 def tree(params) -> Params:
     """`params` as a plain nested dict of numpy arrays (see `flat_params`)."""
     return traverse_util.unflatten_dict(flat_params(params))
