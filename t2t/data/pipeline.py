@@ -120,6 +120,21 @@ class _StreamPreprocess(_Preprocess):
         return out
 
 
+def no_bad_lines() -> dict:
+    """The first bad line of each reason, and the earliest, of none met yet (a stream's bad
+    lines' counts travel in the stats as ``bad/<reason>``; these, for the messages)."""
+    return {"first": {}, "earliest": None}
+
+
+def merge_first_bad_lines(into: dict, other: Mapping) -> dict:
+    """Adds ``other``'s first bad lines to ``into`` where it has none of a reason, as
+    `BadLines.merge` does: ``into``."""
+    for reason, where in other["first"].items():
+        into["first"].setdefault(reason, where)
+    into["earliest"] = into["earliest"] or other["earliest"]
+    return into
+
+
 MAX_BARREN_RECORDS = 10_000  # then every record is being skipped: fail, do not spin
 
 
@@ -198,15 +213,13 @@ class _PackIterator(grain.DatasetIterator):
         else:
             stats.update(element["stats"])
             if "bad" in element:
-                for reason, where in element["bad"]["first"].items():
-                    bad["first"].setdefault(reason, where)
-                bad["earliest"] = bad["earliest"] or element["bad"]["earliest"]
+                merge_first_bad_lines(bad, element["bad"])
         return True
 
     def __next__(self) -> dict[str, Any]:
         packer = self.converter.new_packer(self.batch_rows)
         stats: collections.Counter = collections.Counter()
-        bad: dict = {"first": {}, "earliest": None}
+        bad = no_bad_lines()
         barren = 0                        # records in a row that gave no example
         while True:
             if self._current is None or self._position >= len(self._current):
@@ -284,7 +297,7 @@ class BatchIterator:
                 num_workers=worker_count, per_worker_buffer_size=worker_buffer))
         self._parent = iter(batches)
         self._stats: collections.Counter = collections.Counter()
-        self._bad_first: dict = {"first": {}, "earliest": None}  # a stream's bad lines
+        self._bad_first = no_bad_lines()      # a stream's first bad lines
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -293,18 +306,14 @@ class BatchIterator:
         element = next(self._parent)
         self._stats.update(element["stats"])
         if "bad" in element:
-            for reason, where in element["bad"]["first"].items():
-                self._bad_first["first"].setdefault(reason, where)
-            self._bad_first["earliest"] = (self._bad_first["earliest"]
-                                           or element["bad"]["earliest"])
+            merge_first_bad_lines(self._bad_first, element["bad"])
         return element["batch"]
 
     def get_state(self) -> dict[str, Any]:
         """JSON-serialisable position; ``set_state`` of it resumes with the same batches."""
         return {"version": STATE_VERSION, "parent": self._parent.get_state(),
                 "stats": dict(self._stats), "config": self.config,
-                "bad_first": {"first": dict(self._bad_first["first"]),
-                              "earliest": self._bad_first["earliest"]}}
+                "bad_first": merge_first_bad_lines(no_bad_lines(), self._bad_first)}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         version = state.get("version")
@@ -328,9 +337,8 @@ class BatchIterator:
                       "counted": state["counted"]}
         self._parent.set_state(parent)
         self._stats = collections.Counter(state["stats"])
-        saved_bad = state.get("bad_first") or {}
-        self._bad_first = {"first": dict(saved_bad.get("first", {})),
-                           "earliest": saved_bad.get("earliest")}
+        self._bad_first = merge_first_bad_lines(no_bad_lines(),
+                                                state.get("bad_first") or no_bad_lines())
 
     @property
     def stats(self) -> dict[str, Any]:

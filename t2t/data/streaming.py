@@ -62,19 +62,6 @@ def _bad_lines(bad: Sequence[Bad]) -> BadLines:
     return lines
 
 
-def bad_as_dict(bad: BadLines) -> dict:
-    return {"counts": dict(bad.counts), "first": dict(bad.first), "earliest": bad.earliest}
-
-
-def bad_from_dict(state: dict | None) -> BadLines:
-    bad = BadLines()
-    if state:
-        bad.counts.update(state.get("counts", {}))
-        bad.first.update(state.get("first", {}))
-        bad.earliest = state.get("earliest")
-    return bad
-
-
 class _Documents:
     """A worker's shards epoch after epoch, ``cycle`` open at a time and read in turn.
 
@@ -223,7 +210,7 @@ class StreamIterator(grain.DatasetIterator):
         if entry is None:
             if not self.trailing:
                 raise StopIteration
-            element: tuple = (0, [0, 0], None, bad_as_dict(_bad_lines(self.trailing)))
+            element: tuple = (0, [0, 0], None, _bad_lines(self.trailing).as_dict())
             self.trailing = []
         else:
             epoch, file_index, key, record, _ = entry[2]
@@ -232,7 +219,7 @@ class StreamIterator(grain.DatasetIterator):
                 other = self.buffer[mix(self.seed, self.n, 1) % len(self.buffer)][2][3]
                 record["other_sentences"] = corpus.complete(other)["sentences"]
             element = (epoch, [file_index, key], record,
-                       bad_as_dict(_bad_lines(entry[3])) if entry[3] else None)
+                       _bad_lines(entry[3]).as_dict() if entry[3] else None)
         self.n += 1
         return element
 

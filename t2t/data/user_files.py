@@ -118,6 +118,11 @@ class BadLines:
         """The first bad line read (file order), with why it is bad."""
         return self.earliest
 
+    def as_dict(self) -> dict:
+        """JSON form: ``counts`` by reason, the ``first`` of each, the ``earliest``."""
+        return {"counts": dict(self.counts), "first": dict(self.first),
+                "earliest": self.earliest}
+
 
 # ----------------------------------------------------------------------------- pretraining text
 

@@ -13,9 +13,9 @@ from t2t.data import tasks as tasks_lib
 from t2t.data import vocab_training
 from t2t.data.catalog.bible import bible_sentencepiece
 from t2t.data.streaming import CYCLE_LENGTH, SHUFFLE_BUFFER, TextStream
-from t2t.models import families
 from t2t.data.user_tasks import (TEXT_CORPUS, VOCAB_SAMPLE_CHARS, from_files, read_labels,
                                  save_labels, text_files_tasks, text_vocabulary)
+from t2t.models import families
 from t2t.run.configurables import configurable
 
 

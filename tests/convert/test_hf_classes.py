@@ -70,9 +70,10 @@ PRETRAINING = {"BertForPreTraining": "bert", "RobertaForMaskedLM": "roberta",
 CLASSES = {**BASE, **PRETRAINING}
 
 
-def _make(cls):
+def _make(cls, family=None):
+    """A tiny `cls` of `family` (default: its row in CLASSES), seeded, every tensor perturbed."""
     torch.manual_seed(0)
-    model = getattr(t, cls)(_configs()[CLASSES[cls]]()).eval()
+    model = getattr(t, cls)(_configs()[family or CLASSES[cls]]()).eval()
     perturb(model)
     return model
 
@@ -157,9 +158,7 @@ def test_a_head_t2t_does_not_map_yet_loads_its_backbone_and_names_the_rest(
         cls, read_as, head, tmp_path, caplog):
     """As before task heads are mapped: the backbone (hidden states = HF's), the head's
     tensors named as ignored, the class read as said in one line."""
-    torch.manual_seed(0)
-    model = getattr(t, cls)(_configs()["bert" if cls.startswith("Bert") else "gpt2"]()).eval()
-    perturb(model)
+    model = _make(cls, "bert" if cls.startswith("Bert") else "gpt2")
     model.save_pretrained(tmp_path, safe_serialization=True)
     with caplog.at_level(logging.WARNING, logger="t2t.convert"):
         m = convert.load_pretrained(tmp_path)

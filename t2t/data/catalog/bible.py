@@ -44,14 +44,14 @@ def train_sentencepiece(directory: Path, vocab_size: int) -> Path:
 
     from t2t.data.vocab import SentencePieceVocabulary
     path = directory / sentencepiece_name(vocab_size)
-    tmp = directory / f"{path.stem}.tmp{os.getpid()}"
-    SentencePieceVocabulary.train(_web_rv1909_texts(), tmp, vocab_size)
-    model = sentencepiece_model_pb2.ModelProto()
-    model.ParseFromString(tmp.with_suffix(tmp.suffix + ".model").read_bytes())
+    prefix = directory / f"{path.stem}.tmp{os.getpid()}"
+    trained = SentencePieceVocabulary.train(_web_rv1909_texts(), prefix, vocab_size)
+    model = sentencepiece_model_pb2.ModelProto.FromString(trained.model_proto)
     model.trainer_spec.model_prefix = path.stem
-    tmp.with_suffix(tmp.suffix + ".model").write_bytes(model.SerializeToString())
-    tmp.with_suffix(tmp.suffix + ".model").replace(path)
-    tmp.with_suffix(tmp.suffix + ".vocab").unlink(missing_ok=True)
+    tmp = prefix.with_name(prefix.name + ".model")
+    tmp.write_bytes(model.SerializeToString())
+    tmp.replace(path)
+    prefix.with_name(prefix.name + ".vocab").unlink(missing_ok=True)
     return path
 
 
