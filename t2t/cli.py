@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -223,7 +224,6 @@ def cmd_compile(args) -> int:
     topology, num_slices = aot.target_from_config(args.topology, args.num_slices)
     report = aot.compile_for(topology, num_slices, args.step)
     if args.json:
-        import json
         with open(args.json, "w") as f:
             json.dump(report.to_dict(), f, indent=1)
     print("\n".join(report.lines()))
@@ -292,6 +292,35 @@ def _seed_list(text: str) -> List[int]:
     return seeds
 
 
+def _plan_ablation(args, grid, cells, seeds) -> int:
+    """`t2t ablate GRID --scale=paper --plan --hardware=tpu_v5e_256`: what the grid costs."""
+    import jax
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")   # the host runs nothing; libtpu compiles
+    from t2t.ablations import cost
+    from t2t.run import finetune  # noqa: F401  finetune registers its configurables
+    hardware = args.hardware or next(
+        (line.strip()[len("hardware/"):-len(".gin")] for line in grid.scale.pretrain
+         if line.strip().startswith("hardware/tpu_")), None)
+    if not hardware:
+        raise UserError(f"--plan needs --hardware=<a TPU config in configs/hardware, such as "
+                        f"tpu_v5e_256>: scale {grid.scale.name!r} runs on no TPU slice")
+    cache = args.plan_cache or os.path.join(args.out_dir, "plan_cache.json")
+    t2t_log = logging.getLogger("t2t")
+    level = t2t_log.level
+    t2t_log.setLevel(logging.WARNING)       # each stage's config logs its vocabulary size
+    try:
+        plan = cost.plan_grid(grid, cells, len(seeds), hardware, cache, args.out_dir,
+                              say=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        t2t_log.setLevel(level)
+    print("\n".join(plan.lines()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(plan.to_dict(), f, indent=1)
+    return 0
+
+
 def cmd_ablate(args) -> int:
     """`t2t ablate configs/ablations/t5_table2.gin --scale=tiny`: run (or resume) every
     cell of the grid, then render its table and plot into --docs_dir."""
@@ -299,6 +328,8 @@ def cmd_ablate(args) -> int:
     grid = grid_lib.load_grid(args.grid, args.scale, args.gin + args.gin_bindings)
     cells = grid.select(args.cells.split(",") if args.cells else ())
     seeds = args.seeds if args.seeds is not None else list(grid.scale.seeds)
+    if args.plan:
+        return _plan_ablation(args, grid, cells, seeds)
     if args.list:
         results = runner.load_results(grid, args.out_dir)
         t2t_log = logging.getLogger("t2t")
@@ -400,6 +431,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "scale) and those that would copy another grid's finished stages, "
                         "and exit")
     p.add_argument("--render_only", action="store_true", help="render what has finished")
+    p.add_argument("--plan", action="store_true",
+                   help="compile each distinct stage's step for --hardware's TPU slice (no "
+                        "TPU needed) and print each cell's fit, step time, steps and "
+                        "chip-hours, and the table's total; nothing trains")
+    p.add_argument("--hardware", help="with --plan: a configs/hardware name such as "
+                   "tpu_v5e_256 (default: the scale's own)")
+    p.add_argument("--plan_cache", help="with --plan: JSON of compiled steps, reused by "
+                   "later plans (default: OUT_DIR/plan_cache.json)")
+    p.add_argument("--json", metavar="FILE", help="with --plan: also write the plan as JSON")
     p.set_defaults(func=cmd_ablate)
     p = with_gin(sub.add_parser("compile", help="compile a step for a TPU slice (no TPU "
                                 "needed): per-chip memory, FLOPs, fits or not"))
@@ -431,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the fine-tuning's seed")
     p.add_argument("--json", metavar="FILE", help="also write {model_dir: metrics} as JSON")
     p.set_defaults(func=cmd_mlm_eval)
-    sub.add_parser("data", help="build and list the offline datasets (t2t data --help)")
+    sub.add_parser("data", help="build and list the offline datasets (t2t data --help); "
+                   "bundle the micro scale's (t2t data bundle --help)")
     sub.add_parser("launch", help="run a command on Cloud TPU slices (t2t launch --help)")
     return parser
 
@@ -537,6 +578,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv[:1] != ["compile"]:   # compile targets TPU topologies through libtpu itself
         from t2t import platforms
         platforms.set_default_platforms()
+    if argv[:2] == ["data", "bundle"]:  # the micro scale's data in one directory that travels
+        from t2t.data import bundle
+        return _own_parser("data", verbose, bundle.main, argv[2:])   # its errors: one line
     if argv[:1] == ["data"]:  # its own argparse, --help included
         from t2t.data.catalog import builders
         return _own_parser("data", verbose, builders.main, argv[1:])   # BuildError: its own

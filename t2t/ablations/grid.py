@@ -42,7 +42,7 @@ CONTROL_LABEL = "Random init (control)"
 NO_LABEL = "–"                           # the control row's other axes
 SCALE_KEYS = {"pretrain", "finetune", "tasks", "seeds", "heldout", "eval_examples", "split",
               "description", "averages", "splits", "task_finetune", "heldout_early",
-              "task_columns"}
+              "task_columns", "plan"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,7 @@ class Scale:
     task_finetune: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (task, extra lines): SQuAD
     heldout_early: int = 0                # also score `heldout` at this pretraining step
     task_columns: bool = False            # a column per task even where an average has it
+    plan: Tuple[str, ...] = ()            # lines a cost plan adds (`t2t ablate --plan`)
 
     def split_of(self, task: str) -> str:
         return dict(self.splits).get(task, self.split)
@@ -193,7 +194,8 @@ def make_scale(name: str, spec: Mapping[str, Any]) -> Scale:
                  tuple(heldout) if heldout else None, spec.get("eval_examples"),
                  spec.get("split", "validation"), spec.get("description", ""), averages,
                  tuple(dict(spec.get("splits", {})).items()), task_finetune,
-                 int(spec.get("heldout_early", 0)), bool(spec.get("task_columns", False)))
+                 int(spec.get("heldout_early", 0)), bool(spec.get("task_columns", False)),
+                 tuple(spec.get("plan", ())))
 
 
 @configurable

@@ -38,16 +38,18 @@ UNREAD_MACROS = {"MODEL_DIR": "'/nonexistent/t2t-compile-writes-nothing'",
                  "INITIAL_CHECKPOINT": "None"}
 
 
-def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], check: bool = True) -> None:
     """`t2t train`'s gin parsing and checks, except that MODEL_DIR and INITIAL_CHECKPOINT
-    may stay unset (a compile reads and writes neither)."""
+    may stay unset (a compile reads and writes neither). `check=False`: bindings need not
+    all be used (an ablation stage's, which bind every stage's macros)."""
     from t2t.run import gin_utils
     gin_utils.parse(gin_files, bindings)
     defined, _ = gin_utils.macros(gin.config_str())
     unset = [f"{name} = {value}" for name, value in UNREAD_MACROS.items()
              if defined.get(name) == "%gin.REQUIRED"]
     gin_utils.parse((), unset, clear=False)
-    gin_utils.check_bindings(bindings)
+    if check:
+        gin_utils.check_bindings(bindings)
 GiB = chips_lib.GiB
 
 
@@ -76,6 +78,7 @@ class Report:
     xla_flops: float                  # per chip: hlo_flops / chips (0: not counted)
     model_flops: float                # whole step, t2t.train.flops (0: not counted)
     largest: List[Buffer]
+    train_steps: int = 0              # TrainConfig.train_steps of the configured run
     note: str = ""                    # how the numbers were had when XLA gave up
     compiled: Any = dataclasses.field(default=None, repr=False)   # the TPU executable
 
@@ -124,7 +127,7 @@ class Report:
                 "step_time_s": self.step_time if self.xla_flops else None,
                 "mfu_ceiling": self.mfu_ceiling,
                 "largest": [dataclasses.asdict(b) for b in self.largest],
-                "verdict": self.verdict()}
+                "train_steps": self.train_steps, "verdict": self.verdict()}
 
     def verdict(self) -> str:
         where = self.slice.name + (f" x {self.num_slices} slices" if self.num_slices > 1 else "")
@@ -457,7 +460,7 @@ def _compiled_report(trainer: Trainer, batch: Dict[str, np.ndarray], state, abst
         state_bytes=state_bytes, memory=memory, note=note,
         xla_flops=xla_flops / num_chips,
         model_flops=model_flops,
-        largest=largest, compiled=compiled)
+        largest=largest, train_steps=trainer.config.train_steps, compiled=compiled)
 
 
 def target_from_config(topology: Optional[str], num_slices: Optional[int]
@@ -473,11 +476,33 @@ def target_from_config(topology: Optional[str], num_slices: Optional[int]
     return str(topology), num_slices
 
 
-def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Report:
-    """The gin-configured `step` ("train", "finetune", "decode"), compiled for `num_slices` slices
-    of `topology` (e.g. "v5e-256"). A request that cannot work (unknown slice, a mesh that
-    does not multiply to its chips, a batch the data axes do not divide) is one
-    TopologyError, raised before anything compiles."""
+@dataclasses.dataclass
+class Prepared:
+    """A gin-configured step built abstractly over a slice's compile-only devices, before
+    anything compiles (`prepare`): what `compile_prepared` lowers."""
+
+    step: str
+    trainer: Trainer
+    batch: Dict[str, np.ndarray]
+    slice: chips_lib.Slice
+    num_slices: int
+
+    def signature(self) -> Dict[str, Any]:
+        """What the compiled step depends on beyond gin's bindings: the parameters' and the
+        batch's shapes and dtypes, the mesh (a classifier's label count shows here)."""
+        state = self.trainer.abstract_init(self.batch)
+        params = {jax.tree_util.keystr(path): [list(leaf.shape), str(leaf.dtype)]
+                  for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)}
+        return {"step": self.step, "topology": self.slice.name, "num_slices": self.num_slices,
+                "mesh": dict(self.trainer.mesh.shape), "params": params,
+                "batch": {k: [list(v.shape), str(v.dtype)] for k, v in self.batch.items()}}
+
+
+def prepare(topology: str, num_slices: int = 1, step: str = "train") -> Prepared:
+    """The gin-configured `step` ("train", "finetune", "decode") built for `num_slices`
+    slices of `topology` (e.g. "v5e-256"), abstract: nothing is allocated or compiled. A
+    request that cannot work (unknown slice, a mesh that does not multiply to its chips, a
+    batch the data axes do not divide) is one TopologyError."""
     if step not in STEPS:
         raise TopologyError(f"unknown step {step!r}; choose one of {', '.join(STEPS)}")
     if num_slices < 1:
@@ -498,9 +523,20 @@ def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Repo
                 word in message for word in ("mesh", "divisible", "DCN", "devices")):
             raise
         raise TopologyError(f"{message} (on {where}: {len(devices)} chips)") from None
-    if step == "decode":
-        return compile_decode_step(trainer, batch, slice_, num_slices)
-    return compile_train_step(trainer, batch, slice_, num_slices, step)
+    return Prepared(step, trainer, batch, slice_, num_slices)
+
+
+def compile_prepared(prepared: Prepared) -> Report:
+    """Lower and compile a prepared step with XLA's TPU compiler; its Report."""
+    p = prepared
+    if p.step == "decode":
+        return compile_decode_step(p.trainer, p.batch, p.slice, p.num_slices)
+    return compile_train_step(p.trainer, p.batch, p.slice, p.num_slices, p.step)
+
+
+def compile_for(topology: str, num_slices: int = 1, step: str = "train") -> Report:
+    """`prepare` then `compile_prepared`: the step `t2t compile` reports on."""
+    return compile_prepared(prepare(topology, num_slices, step))
 
 
 def _check_slices(num_slices: int, where: str) -> None:
