@@ -249,12 +249,18 @@ def _training_lines(texts: Iterable[str], max_chars: int) -> Iterable[str]:
 
 
 class WordPieceVocabulary(Vocabulary):
-    """BERT's WordPiece from a `vocab.txt`; ids equal Hugging Face `BertTokenizer`'s."""
+    """BERT's WordPiece from a `vocab.txt`; ids equal Hugging Face `BertTokenizer`'s.
 
-    def __init__(self, vocab_file: str | os.PathLike, lowercase: bool = True):
+    `lowercase`, `strip_accents` and `chinese_chars` are BertTokenizer's `do_lower_case`,
+    `strip_accents` (None: strip them iff lowercasing) and `tokenize_chinese_chars`.
+    """
+
+    def __init__(self, vocab_file: str | os.PathLike, lowercase: bool = True,
+                 strip_accents: bool | None = None, chinese_chars: bool = True):
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
         self.vocab_file, self.lowercase = str(vocab_file), lowercase
+        self.strip_accents, self.chinese_chars = strip_accents, chinese_chars
         try:
             tok = Tokenizer(models.WordPiece.from_file(self.vocab_file, unk_token="[UNK]",
                                                        max_input_chars_per_word=100))
@@ -263,7 +269,8 @@ class WordPieceVocabulary(Vocabulary):
                                  f"({str(e).strip()[:80]}): one token per line, UTF-8 "
                                  "text") from None
         tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+            clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents,
+            lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
         self.cls_id, self.sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
@@ -298,10 +305,12 @@ class WordPieceVocabulary(Vocabulary):
         return cls(path, lowercase=lowercase)
 
     def __getstate__(self) -> dict:
-        return {"vocab_file": self.vocab_file, "lowercase": self.lowercase}
+        return {"vocab_file": self.vocab_file, "lowercase": self.lowercase,
+                "strip_accents": self.strip_accents, "chinese_chars": self.chinese_chars}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["vocab_file"], state["lowercase"])
+        self.__init__(state["vocab_file"], state["lowercase"],
+                      state.get("strip_accents"), state.get("chinese_chars", True))
 
     @functools.cached_property
     def vocab_size(self) -> int:  # tokenizers counts its map on every call (~1 ms)
