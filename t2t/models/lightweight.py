@@ -1,9 +1,11 @@
 """Lightweight fine-tuning for `t2t finetune`: LoRA, prompt tuning, prefix tuning, adapters.
 
-Each wraps any `Model` and keeps the *whole* parameter tree in the train state (so
-checkpoints, resume, `t2t eval` and `t2t infer` work unchanged); `is_frozen(path)` tells
-`peft.freeze` which leaves get no update and no optimizer state. `wrap(model)` picks the
-method (from gin in `t2t finetune`: `wrap.method = 'prefix'`; configs/runs/peft_*.gin).
+The one implementation of these methods in t2t (their building blocks, LoRA's merge, the
+prompt interceptor and `freeze`, are in `t2t.models.peft`). Each wraps any `Model` and keeps
+the *whole* parameter tree in the train state (so checkpoints, resume, `t2t eval` and
+`t2t infer` work unchanged); `is_frozen(path)` tells `peft.freeze` which leaves get no
+update and no optimizer state. `wrap(model)` picks the method (from gin in `t2t finetune`:
+`wrap.method = 'prefix'`; configs/runs/peft_*.gin).
 
 * LoRA (Hu et al. 2021): `{"lora": factors}` beside the base tree, merged as W + (α/r)·A·B.
 * Prompt tuning (Lester et al. 2021): `{"prompt": [n, E]}`, prepended to one stack's input.
@@ -15,7 +17,8 @@ method (from gin in `t2t finetune`: `wrap.method = 'prefix'`; configs/runs/peft_
   layer's attention and feed-forward; the adapters and every layer norm train.
 
 Heads that the pretrained checkpoint lacks (a classifier's `pooler`, `classifier`) train in
-every method, as in the papers' GLUE experiments.
+every method, as in the papers' GLUE experiments; `train_modules` names the trained
+top-level modules instead (e.g. () for the method's parameters alone).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from t2t.errors import ConfigError
 from t2t.models import peft
 from t2t.models.base import Batch, Model
 
@@ -58,8 +62,10 @@ def head_modules(model: Model, params: Params) -> Tuple[str, ...]:
     return tuple(k for k in peft.plain(params) if k not in trunk)
 
 
-class Lightweight(peft.ViewForwarding, Model):
-    """Base: `params` = the adapted base model's tree plus the method's own entries."""
+class Lightweight(Model):
+    """Base: `params` = the adapted base model's tree plus the method's own entries. The
+    Model contract runs on `view`: the adapted base model whose module (a `peft.Bridge`)
+    takes this tree and runs the base module on `to_base(params)`."""
 
     extra_keys: Tuple[str, ...] = ()
 
@@ -93,6 +99,21 @@ class Lightweight(peft.ViewForwarding, Model):
         raise NotImplementedError
 
     # ----------------------------------------------------------- the Model contract
+    def apply(self, params, batch: Batch, rng: Optional[jax.Array] = None, **kwargs):
+        return self.view.apply(params, batch, rng, **kwargs)
+
+    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        return self.view.loss_fn(params, batch, rng)
+
+    def loss_weight(self, batch: Batch) -> jax.Array:
+        return self.base_model.loss_weight(batch)
+
+    def score(self, params, batch: Batch) -> jax.Array:
+        return self.view.score(params, batch)
+
+    def predict(self, params, batch: Batch, **options):
+        return self.view.predict(params, batch, **options)
+
     def is_frozen(self, path: str) -> bool:
         """'/'-joined parameter path -> True for the leaves that must not move."""
         parts = tuple(path.split("/"))
@@ -111,6 +132,11 @@ class Lightweight(peft.ViewForwarding, Model):
 
     def _finish(self, rng, base: Params) -> Params:
         self._heads = head_modules(self.original, base)
+        missing = [m for m in self.train_modules or () if m not in peft.plain(base)]
+        if missing:
+            raise ConfigError(
+                f"{type(self).__name__}.train_modules names {missing}, which are not top-level "
+                f"modules of the model; choose from {sorted(peft.plain(base))}")
         base = self.strip_base(base)
         return {**base, **self.init_extra(rng, nn.unbox(base))}
 
@@ -158,8 +184,17 @@ class LoraTuning(Lightweight):
 
 
 class PromptTuning(Lightweight):
-    """`num_prompts` learned input embeddings (n·E trainable) before one stack's tokens
-    (`peft.PromptTuningModel`'s placement and initialisation); cached decoding works."""
+    """`num_prompts` learned embeddings [n, E] (n·E trainable) before the token embeddings
+    of one stack (`stack`: a module path such as ("encoder",); None = the family's, else the
+    first Encoder/Decoder the model calls: BERT's and T5's encoder, GPT's decoder). Position
+    and type embeddings, norms and dropout then apply as to any token. The stack's output
+    drops the prompt slots, so heads, losses and features keep their lengths (in T5 the
+    decoder therefore reads the prompts only through the encoder states of real tokens).
+
+    Rows should be unpacked: the prompts join each row's first segment. `init="vocab"`
+    starts the prompts from random rows of the token table (Lester et al.), "normal" from
+    N(0, 0.02²). Decoder-only `predict` decodes on the KV cache, the prompts cached first.
+    """
 
     extra_keys = ("prompt",)
 

@@ -1,21 +1,22 @@
-"""Parameter-efficient fine-tuning around any `Model`, without touching `t2t.nn`.
+"""Building blocks of parameter-efficient fine-tuning, on parameter trees and flax modules.
 
-* LoRA (Hu et al. 2021) is a parameter transform: `merge_lora(base, lora, scale)` returns
-  `W + scale · A @ B` reshaped to each target kernel's n-d shape, and `LoraModel` trains only
-  the factors (and optionally some head modules) while the base parameters stay frozen.
-* Prompt tuning (Lester et al. 2021) prepends `n` learned embeddings to a stack's input
-  embeddings through a flax method interceptor (`nn.intercept_methods`); the stack sees `n`
-  extra slots, its output drops them again, so heads and losses see the original length.
-* Frozen parameters live outside the optimizer: the wrappers hold them as constants
-  (`base_params`), and `freeze` keeps in-tree frozen leaves stateless.
-  `optimizer_state_bytes` measures what that saves (via `jax.eval_shape`, no allocation).
+The `Model` wrappers that use them (LoRA, prompt, prefix and adapter tuning for
+`t2t finetune`) are in `t2t.models.lightweight`; this module holds what they are made of:
 
-The in-tree methods for fine-tuning runs (`t2t.models.lightweight`: LoRA, prompt, prefix,
-adapters) keep the whole tree in the train state and freeze it with `freeze`.
+* LoRA (Hu et al. 2021) as a parameter transform: `init_lora` gives factors A, B for each
+  target kernel (`KERNEL_LAYOUTS`: which dims are the input, also under `scan_layers`), and
+  `merge_lora(base, lora, scale)` returns `W + scale · A @ B` reshaped to the kernel's shape.
+* Prompt tuning (Lester et al. 2021): `PromptInterceptor` prepends `n` learned embeddings
+  to one stack's token embeddings through a flax method interceptor (`nn.intercept_methods`);
+  the stack sees `n` extra slots and its output drops them again, so heads and losses see
+  the original length. `PromptBridge` runs a module under it (and fills a decoder's KV
+  cache with the prompts first); `bridged` gives a model whose module is such a bridge.
+* Frozen leaves outside the optimizer: `freeze(tx, frozen)` gives them no update and no
+  optimizer state; `optimizer_state_bytes` measures what that saves (via `jax.eval_shape`,
+  no allocation), `tree_bytes` any tree's size.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import math
@@ -29,7 +30,7 @@ import optax
 from flax import traverse_util
 
 from t2t.models import families
-from t2t.models.base import Batch, Model
+from t2t.models.base import Model
 from t2t.nn.embed import Embed
 from t2t.nn.stacks import Decoder, Encoder
 
@@ -132,70 +133,7 @@ def _at(tree: Params, path: Path) -> Any:
     return tree
 
 
-class ViewForwarding:
-    """The Model contract forwarded to `self.view` (a base model whose module takes the
-    wrapper's parameter tree); the loss weight is the base model's."""
-
-    def apply(self, params, batch: Batch, rng: Optional[jax.Array] = None, **kwargs):
-        return self.view.apply(params, batch, rng, **kwargs)
-
-    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
-        return self.view.loss_fn(params, batch, rng)
-
-    def loss_weight(self, batch: Batch) -> jax.Array:
-        return self.base_model.loss_weight(batch)
-
-    def score(self, params, batch: Batch) -> jax.Array:
-        return self.view.score(params, batch)
-
-    def predict(self, params, batch: Batch, **options):
-        return self.view.predict(params, batch, **options)
-
-
-class _FrozenBase(ViewForwarding, Model):
-    """A wrapper whose trainable tree is small and whose base parameters are frozen
-    constants (never in the optimizer state). Delegates the contract to `base_model`."""
-
-    def __init__(self, base_model: Model, base_params: Params,
-                 train_modules: Sequence[str] = ()):
-        super().__init__(base_model.config, base_model.module, base_model.loss)
-        self.base_model = base_model
-        self.family = base_model.family
-        self.input_features = base_model.input_features
-        # Host (numpy) leaves go to the device once; jax arrays keep their sharding. Under
-        # jit the frozen tree is a closed-over constant, which JAX passes as an argument.
-        self.base_params = jax.tree_util.tree_map(
-            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, plain(base_params))
-        missing = [m for m in train_modules if m not in self.base_params]
-        if missing:
-            raise ValueError(f"train_modules {missing} are not top-level modules of the base "
-                             f"params {sorted(self.base_params)}")
-        self.train_modules = tuple(train_modules)
-
-    def _trained_init(self) -> Dict[str, Params]:
-        return {m: self.base_params[m] for m in self.train_modules}
-
-    def full_params(self, trainable: Params) -> Params:
-        """The complete parameter tree the base model runs with."""
-        params = dict(self.base_params)
-        params.update(trainable.get("modules", {}))
-        return params
-
-    def _context(self, trainable: Params):
-        return contextlib.nullcontext()
-
-    def _bridge(self) -> "Bridge":
-        return Bridge(self.base_model.module, self.full_params, self._context)
-
-    @property
-    def view(self) -> Model:
-        """The base model whose module takes the *trainable* tree (`bridged`)."""
-        if getattr(self, "_view", None) is None:
-            self._view = bridged(self.base_model, self._bridge())
-        return self._view
-
-
-
+# ----------------------------------------------------------------------------- bridges
 class Bridge:
     """A stand-in for a flax module: `apply({"params": p, ...})` runs the real module on
     `to_base(p)` inside `context(p)`. Decoding jits over its model (a static argument), so
@@ -211,89 +149,12 @@ class Bridge:
                                      *args, **kwargs)
 
 
-class PromptBridge(Bridge):
-    """Prompt tuning's bridge. For a prompted Decoder (`fills`), the call that creates the
-    KV cache is followed by one that writes the prompts' keys and values into its first
-    slots, so the prefill and every step find them there."""
-
-    def __init__(self, module: nn.Module, to_base: Callable, prompt_of: Callable,
-                 stack: Optional[Path], fills: bool):
-        super().__init__(module, to_base, self._context)
-        self.prompt_of, self.stack, self.fills = prompt_of, stack, fills
-
-    def _context(self, params, fill: bool = False):
-        return nn.intercept_methods(_PromptInterceptor(self.prompt_of(params), self.stack,
-                                                       fill=fill))
-
-    def apply(self, variables, *args, **kwargs):
-        out = super().apply(variables, *args, **kwargs)
-        if not (self.fills and kwargs.get("decode") and "cache" not in variables):
-            return out
-        params = variables["params"]
-        tokens = args[0] if args else kwargs["decoder_input_tokens"]
-        n = self.prompt_of(params).shape[0]
-        with self._context(params, fill=True):
-            _, state = self.module.apply(
-                {**variables, "params": self.to_base(params), "cache": out[1]["cache"]},
-                jnp.zeros(tokens.shape[:1] + (n,), jnp.int32), decode=True, mutable=["cache"])
-        return out[0], state
-
-
-def prompt_stack(base_model: Model, stack: Optional[Path]) -> Optional[Path]:
-    """The prompted stack: the family's (T5's encoder, never its decoder), else the first
-    one called."""
-    if stack is None:
-        how = families.get(base_model.family).decoding
-        return None if how is None else how.prompt_stack
-    return tuple(stack)
-
-
-def prompt_fills_cache(model: Model) -> bool:
-    """Whether a prompt fills the KV cache before decoding (decoder-only families)."""
-    how = families.get(model.family).decoding
-    return how is not None and how.continues_prompt
-
-
 def bridged(base_model: Model, bridge: Bridge) -> Model:
     """A shallow copy of `base_model` whose methods take the wrapper's parameter tree: its
     module is `bridge`. Make one per wrapper (jit caches by its identity)."""
     view = copy.copy(base_model)
     view.module = bridge
     return view
-
-
-class LoraModel(_FrozenBase):
-    """LoRA around any Model: trainable `{"lora": factors, "modules": {name: subtree}}`,
-    where `modules` (from `train_modules`, e.g. ("classifier",)) are trained in full.
-    `loss_fn(trainable, batch, rng)` runs the base loss on `merged_params(trainable)`."""
-
-    def __init__(self, base_model: Model, rank: int = 8, alpha: float = 16.0,
-                 targets: Sequence[str] = ("query", "value"), *, base_params: Params,
-                 train_modules: Sequence[str] = (), init_stddev: Optional[float] = None):
-        super().__init__(base_model, base_params, train_modules)
-        if rank < 1:
-            raise ValueError(f"LoRA rank must be >= 1, got {rank}")
-        self.rank, self.alpha, self.targets = rank, alpha, tuple(targets)
-        self.scale = alpha / rank
-        self.init_stddev = init_stddev
-        if not lora_targets(self.base_params, self.targets):
-            raise ValueError(f"no kernels named {self.targets} in the base params")
-
-    def init(self, rng: jax.Array, batch: Batch) -> Params:
-        trainable = {"lora": init_lora(rng, self.base_params, self.targets, self.rank,
-                                       self.init_stddev)}
-        if self.train_modules:
-            trainable["modules"] = self._trained_init()
-        return trainable
-
-    def full_params(self, trainable: Params) -> Params:
-        """Base params with the LoRA deltas merged (and trained modules swapped in); also
-        what to export or serve once training is done."""
-        merged = merge_lora(self.base_params, trainable["lora"], self.scale)
-        merged.update(trainable.get("modules", {}))
-        return merged
-
-    merged_params = full_params
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -310,7 +171,7 @@ def _prepend(x: jax.Array, n: int, value) -> jax.Array:
     return jnp.concatenate([head, x], axis=-1)
 
 
-class _PromptInterceptor:
+class PromptInterceptor:
     """Prepends `prompt` [n, E] to the token embeddings of one stack (`stack` path; None:
     the first Encoder/Decoder called) and drops those slots from the stack's output."""
 
@@ -382,51 +243,47 @@ class _PromptInterceptor:
         return self._run(next_fun, bound)[:, n:]                # sizes the cache
 
 
-class PromptTuningModel(_FrozenBase):
-    """Prompt tuning: `num_prompts` learned embeddings [num_prompts, E] before the token
-    embeddings of one stack (`stack`: a module path such as ("encoder",); None = the first
-    Encoder/Decoder the model calls: BERT's and T5's encoder, GPT's decoder). Position and
-    type embeddings, norms and dropout then apply as to any token. The stack's output drops
-    the prompt slots, so heads, losses and features keep their lengths (in T5 the decoder
-    therefore reads the prompts only through the encoder states of real tokens).
+class PromptBridge(Bridge):
+    """Prompt tuning's bridge. For a prompted Decoder (`fills`), the call that creates the
+    KV cache is followed by one that writes the prompts' keys and values into its first
+    slots, so the prefill and every step find them there."""
 
-    Trainable: `{"prompt": [n, E], "modules": {...}}` (`train_modules`, e.g. a new head).
-    Rows should be unpacked: the prompts join each row's first segment. `init="vocab"`
-    starts the prompts from random rows of the token table (Lester et al.), "normal" from
-    N(0, 0.02²). Decoder-only `predict` decodes on the KV cache, the prompts cached first.
-    """
+    def __init__(self, module: nn.Module, to_base: Callable, prompt_of: Callable,
+                 stack: Optional[Path], fills: bool):
+        super().__init__(module, to_base, self._context)
+        self.prompt_of, self.stack, self.fills = prompt_of, stack, fills
 
-    def __init__(self, base_model: Model, num_prompts: int, *, base_params: Params,
-                 stack: Optional[Path] = None, init: str = "vocab",
-                 train_modules: Sequence[str] = ()):
-        super().__init__(base_model, base_params, train_modules)
-        if num_prompts < 1:
-            raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
-        if init not in ("vocab", "normal"):
-            raise ValueError(f"init must be 'vocab' or 'normal', got {init!r}")
-        self.num_prompts, self.init_method = num_prompts, init
-        self.stack = prompt_stack(base_model, stack)
-        tables = [v for p, v in traverse_util.flatten_dict(self.base_params).items()
-                  if p[-2:] == ("token_embedder", "embedding")]
-        if not tables:
-            raise ValueError("the base params have no token_embedder/embedding table")
-        self.table = tables[0]                                  # [vocab, E]
+    def _context(self, params, fill: bool = False):
+        return nn.intercept_methods(PromptInterceptor(self.prompt_of(params), self.stack,
+                                                      fill=fill))
 
-    def init(self, rng: jax.Array, batch: Batch) -> Params:
-        n, (vocab, width) = self.num_prompts, self.table.shape
-        if self.init_method == "vocab":
-            rows = jax.random.randint(rng, (n,), 0, vocab)
-            prompt = jnp.asarray(self.table, jnp.float32)[rows]
-        else:
-            prompt = 0.02 * jax.random.normal(rng, (n, width), jnp.float32)
-        trainable = {"prompt": prompt}
-        if self.train_modules:
-            trainable["modules"] = self._trained_init()
-        return trainable
+    def apply(self, variables, *args, **kwargs):
+        out = super().apply(variables, *args, **kwargs)
+        if not (self.fills and kwargs.get("decode") and "cache" not in variables):
+            return out
+        params = variables["params"]
+        tokens = args[0] if args else kwargs["decoder_input_tokens"]
+        n = self.prompt_of(params).shape[0]
+        with self._context(params, fill=True):
+            _, state = self.module.apply(
+                {**variables, "params": self.to_base(params), "cache": out[1]["cache"]},
+                jnp.zeros(tokens.shape[:1] + (n,), jnp.int32), decode=True, mutable=["cache"])
+        return out[0], state
 
-    def _bridge(self) -> Bridge:
-        return PromptBridge(self.base_model.module, self.full_params, lambda t: t["prompt"],
-                            self.stack, fills=prompt_fills_cache(self))
+
+def prompt_stack(base_model: Model, stack: Optional[Path]) -> Optional[Path]:
+    """The prompted stack: the family's (T5's encoder, never its decoder), else the first
+    one called."""
+    if stack is None:
+        how = families.get(base_model.family).decoding
+        return None if how is None else how.prompt_stack
+    return tuple(stack)
+
+
+def prompt_fills_cache(model: Model) -> bool:
+    """Whether a prompt fills the KV cache before decoding (decoder-only families)."""
+    how = families.get(model.family).decoding
+    return how is not None and how.continues_prompt
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -453,9 +310,8 @@ def freeze(tx: optax.GradientTransformation,
     `optax.MaskedNode()` (empty nodes: the structure and paths kept, so path-based masks
     such as weight-decay masks still apply, the moments of trainable leaves keep their
     parameters' shardings, and the state holds no zero-size arrays, which orbax refuses to
-    checkpoint). For trees
-    that keep frozen parts in-tree (fine-tuning runs, checkpoint compatibility); the
-    `_FrozenBase` wrappers keep them out of the tree altogether.
+    checkpoint). The whole tree stays in the train state, so checkpoints keep their layout
+    (`t2t finetune` with a `t2t.models.lightweight` method passes `model.is_frozen`).
     """
     if callable(frozen):
         is_frozen = frozen

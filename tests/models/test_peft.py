@@ -1,21 +1,29 @@
-"""LoRA (merge maths, exact start, only factors train), prompt tuning (exact insertion,
-only prompts train), frozen leaves kept out of the optimizer, measured state bytes."""
+"""LoRA (merge maths for every kernel layout, exact start, only factors and head train),
+prompt tuning (exact insertion, only prompts train), frozen leaves kept out of the optimizer,
+measured state bytes: the building blocks (t2t.models.peft) through the run layer's wrappers
+(t2t.models.lightweight)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import traverse_util
 
+from t2t.errors import ConfigError
 from t2t.run import gin_utils
 from t2t.models import classifiers as C
+from t2t.models import lightweight as L
 from t2t.models import peft
 from t2t.models.gpt import DecoderOnlyModel
 from t2t.run import configurables as configured
 from t2t.nn.stacks import Decoder
 
-from tests.models.test_classifiers import (BERT, GPT, bert_batch, bert_trunk, jit,
-                                           random_params, sentences, tagging_batch, train)
+from tests.models.test_classifiers import (BERT, GPT, OPTS, bert_batch, bert_trunk, jit,
+                                           random_params, sentences, tagging_batch)
+
+# Kernel name -> how many of its leading dims are the input (the rest are the output).
+INPUT_DIMS = {"query": 1, "key": 1, "value": 1, "out": 2, "wi": 1, "wo": 1}
 
 
 def classifier_params(batch, seed=0, std=0.02):
@@ -25,12 +33,45 @@ def classifier_params(batch, seed=0, std=0.02):
     return model, params
 
 
+def train_frozen(model, tree, batch, steps, lr):
+    """`steps` full-batch Adam steps through `peft.freeze(tx, model.is_frozen)` (as
+    `t2t finetune` does) in one compiled scan -> (tree, losses [steps])."""
+    tx = peft.freeze(optax.flatten(optax.adam(lr)), model.is_frozen)
+
+    def step(carry, _):
+        p, s = carry
+        (loss, _), g = jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch, None)
+        u, s = tx.update(g, s, p)
+        return (optax.apply_updates(p, u), s), loss
+
+    def run(p):
+        (p, _), ls = jax.lax.scan(step, (p, tx.init(p)), None, length=steps)
+        return p, ls
+
+    tree, ls = jax.jit(run, compiler_options=OPTS)(tree)
+    return jax.device_get(tree), np.asarray(ls)
+
+
+def assert_only_trainable_moved(model, before, after):
+    for path, old in traverse_util.flatten_dict(before).items():
+        name = "/".join(path)
+        new = traverse_util.flatten_dict(after)[path]
+        if model.is_frozen(name):
+            np.testing.assert_array_equal(new, old, err_msg=name)
+        else:
+            assert not np.array_equal(new, old), f"{name} did not train"
+
+
 # ----------------------------------------------------------------------------- LoRA
-def test_lora_factor_shapes_merge_and_scaling():
+def test_lora_merge_is_w_plus_scaled_ab_for_every_kernel_layout():
+    """`LoraTuning.to_base` on every attention and MLP kernel: W + (α/r)·A@B, with A@B's
+    rows the kernel's input dims (query/key/value: embed; out: heads × head_dim; MLP: in)
+    and its columns the output dims; B = 0 gives exactly the base; nothing else changes."""
     batch = bert_batch(sentences(2)[0])
-    _, params = classifier_params(batch)
-    targets = peft.ATTENTION_TARGETS + peft.MLP_TARGETS
-    lora = jit(lambda r, p: peft.init_lora(r, p, targets, rank=4), jax.random.PRNGKey(1), params)
+    base, params = classifier_params(batch)
+    model = L.LoraTuning(base, rank=4, alpha=8.0, targets=peft.ATTENTION_TARGETS
+                         + peft.MLP_TARGETS)
+    lora = jit(model.init_extra, jax.random.PRNGKey(1), params)["lora"]
     layer = lora["encoder"]["layers"]["layer_0"]
     shapes = {k: (v["lora_a"].shape, v["lora_b"].shape) for k, v in
               {**layer["self_attention"], **layer["mlp"]}.items()}
@@ -38,30 +79,33 @@ def test_lora_factor_shapes_merge_and_scaling():
     assert shapes == {"query": ((d, 4), (4, hd)), "key": ((d, 4), (4, hd)),
                       "value": ((d, 4), (4, hd)), "out": ((hd, 4), (4, d)),
                       "wi": ((d, 4), (4, ff)), "wo": ((ff, 4), (4, d))}
-    assert "classifier" not in lora and "pooler" not in lora     # only the named kernels
-    merge = jax.jit(peft.merge_lora)
+    assert set(lora) == {"encoder"}                              # only the named kernels
+    to_base = jax.jit(model.to_base)
     # B = 0: the merge is exactly the base.
-    jax.tree.map(np.testing.assert_array_equal, merge(params, lora, 2.0), params)
-    # Random B: `out` [heads, head_dim, embed] takes its first two dims as "in".
+    jax.tree.map(np.testing.assert_array_equal, to_base({**params, "lora": lora}), params)
     rng = np.random.default_rng(0)
     lora = jax.tree_util.tree_map_with_path(
         lambda p, x: rng.standard_normal(x.shape).astype(np.float32)
         if p[-1].key == "lora_b" else np.asarray(x), lora)
-    a = lora["encoder"]["layers"]["layer_1"]["self_attention"]["out"]["lora_a"]
-    b = lora["encoder"]["layers"]["layer_1"]["self_attention"]["out"]["lora_b"]
-    base_w = params["encoder"]["layers"]["layer_1"]["self_attention"]["out"]["kernel"]
-    expected = np.einsum("hdr,re->hde", a.reshape(BERT.num_heads, BERT.head_dim, 4), b)
-    for scale in (0.5, 3.0):
-        merged = merge(params, lora, scale)
-        w = merged["encoder"]["layers"]["layer_1"]["self_attention"]["out"]["kernel"]
-        assert w.shape == base_w.shape == (BERT.num_heads, BERT.head_dim, d)
-        np.testing.assert_allclose(w - base_w, scale * expected, rtol=1e-5, atol=1e-5)
-        q = merged["encoder"]["layers"]["layer_0"]["self_attention"]["query"]["kernel"]
-        assert q.shape == (d, BERT.num_heads, BERT.head_dim)
-        np.testing.assert_array_equal(merged["pooler"]["dense"]["kernel"],
-                                      params["pooler"]["dense"]["kernel"])
-    model = peft.LoraModel(C.SequenceClassifier(BERT, 2), rank=4, alpha=8.0, base_params=params)
-    assert model.scale == 2.0 and model.targets == ("query", "value")
+    merged = to_base({**params, "lora": lora})
+    for scale, got in ((2.0, merged), (0.5, jax.jit(peft.merge_lora)(params, lora, 0.5))):
+        checked = set()
+        for path, factors in traverse_util.flatten_dict(lora).items():
+            if path[-1] != "lora_a":
+                continue
+            module = path[:-1]
+            w = traverse_util.flatten_dict(params)[module + ("kernel",)]
+            b = traverse_util.flatten_dict(lora)[module + ("lora_b",)]
+            n_in = INPUT_DIMS[module[-1]]
+            a = factors.reshape(w.shape[:n_in] + (4,))             # [*in_dims, r]
+            delta = np.tensordot(a, b.reshape((4,) + w.shape[n_in:]), 1)   # [*in, *out]
+            new = traverse_util.flatten_dict(got)[module + ("kernel",)]
+            assert new.shape == w.shape
+            np.testing.assert_allclose(new - w, scale * delta, rtol=1e-5, atol=1e-5)
+            checked.add(module[-1])
+        assert checked == set(INPUT_DIMS)
+    for name in ("pooler", "classifier", "token_embedder"):
+        jax.tree.map(np.testing.assert_array_equal, merged[name], params[name])
 
 
 def test_lora_under_scan_layers_adapts_each_layer():
@@ -88,45 +132,62 @@ def test_lora_under_scan_layers_adapts_each_layer():
         peft.init_lora(jax.random.PRNGKey(0), params, ("qkv",), rank=2)
 
 
-def test_lora_starts_exactly_as_the_base_model():
+def test_lora_starts_exactly_as_the_base_model_and_trains_only_factors_and_head():
+    """From a pretrained tree: B = 0 gives exactly the base model's parameters and outputs;
+    the optimizer state covers only the factors and the head; training moves only those
+    (the merged query kernels, not the key or MLP ones) and fits the labels."""
     tokens, label = sentences(32, seed=6)
     batch = bert_batch(tokens, label=label)
     base, params = classifier_params(batch)
-    model = peft.LoraModel(base, rank=4, alpha=8.0, targets=("query", "value"),
-                           base_params=params, train_modules=("classifier",))
-    trainable = jit(model.init, jax.random.PRNGKey(0), batch)
-    assert set(trainable) == {"lora", "modules"} and set(trainable["modules"]) == {"classifier"}
-    # B = 0: exactly the base parameters, hence exactly the base model's outputs.
-    merged = model.merged_params(trainable)
-    jax.tree.map(np.testing.assert_array_equal, merged, params)
+    model = L.LoraTuning(base, rank=4, alpha=8.0, targets=("query", "value"),
+                         train_modules=("classifier",))
+    tree = nn.unbox(jit(model.init_from_pretrained, jax.random.PRNGKey(0), batch, params))
+    assert set(tree) == set(params) | {"lora"}
+    jax.tree.map(np.testing.assert_array_equal, {k: tree[k] for k in params}, params)
+    jax.tree.map(np.testing.assert_array_equal, jax.jit(model.to_base)(tree), params)
     forward = jax.jit(base.apply)
-    np.testing.assert_array_equal(forward(merged, batch), forward(params, batch))
-    # (model.apply closes over the frozen base: XLA may fold constants, so ~1 ulp.)
-    np.testing.assert_allclose(jit(model.apply, trainable, batch), forward(params, batch),
-                               rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(jit(model.apply, tree, batch), forward(params, batch),
+                               rtol=1e-6, atol=1e-7)
     # The optimizer state covers only the trainable leaves (Adam: two moments each).
-    tx = optax.adam(3e-3)
-    assert peft.optimizer_state_bytes(tx, trainable) == 2 * peft.tree_bytes(trainable) + 4
-    assert jax.tree.structure(jax.eval_shape(tx.init, trainable)[0].mu) == \
-        jax.tree.structure(trainable)
+    trainable = {"lora": tree["lora"], "classifier": tree["classifier"]}
+    tx = peft.freeze(optax.adam(3e-3), model.is_frozen)
+    assert peft.optimizer_state_bytes(tx, tree) == 2 * peft.tree_bytes(trainable) + 4
+    d, hd = BERT.d_model, BERT.num_heads * BERT.head_dim
+    assert model.trainable_count(tree) == BERT.num_encoder_layers * 2 * 4 * (d + hd) + d * 2 + 2
+    mu = jax.eval_shape(tx.init, tree)[0].mu
+    leaves = {jax.tree_util.keystr(p, simple=True, separator="/")
+              for p, _ in jax.tree_util.tree_leaves_with_path(mu)}
+    assert leaves == {"/".join(p) for p in traverse_util.flatten_dict(trainable)}
+
+    new, ls = train_frozen(model, tree, batch, steps=30, lr=3e-2)
+    assert ls[-1] < 0.3 * ls[0]
+    assert_only_trainable_moved(model, tree, new)
+    merged = jax.device_get(jax.jit(model.to_base)(new))
+    layer, base_layer = (t["encoder"]["layers"]["layer_0"] for t in (merged, params))
+    assert float(np.abs(layer["self_attention"]["query"]["kernel"]
+                        - base_layer["self_attention"]["query"]["kernel"]).max()) > 0
+    jax.tree.map(np.testing.assert_array_equal, layer["self_attention"]["key"],
+                 base_layer["self_attention"]["key"])
+    jax.tree.map(np.testing.assert_array_equal, layer["mlp"], base_layer["mlp"])
 
 
 def test_optimizer_state_bytes_bert_base_full_vs_lora(capsys):
     """Measured with jax.eval_shape (nothing allocated): AdamW on BERT-base + a 2-class head,
-    full fine-tuning vs LoRA r=8 on query/value (+ the head)."""
+    full fine-tuning vs `LoraTuning` r=8 on query/value (+ the classifier), frozen as
+    `t2t finetune` freezes it."""
     gin_utils.parse(["models/bert/base.gin"])
     config = configured.TransformerConfig()
     batch = bert_batch(np.ones((1, 128), np.int32), label=np.zeros(1, np.int32))
-    full = jax.eval_shape(C.SequenceClassifier(config, 2).init, jax.random.PRNGKey(0), batch)
-    full = nn.unbox(full)
-    lora = jax.eval_shape(lambda r: peft.init_lora(r, full, ("query", "value"), 8),
-                          jax.random.PRNGKey(0))
-    trainable = {"lora": lora, "modules": {"classifier": full["classifier"]}}
-    tx = optax.adamw(1e-4)
-    full_bytes = peft.optimizer_state_bytes(tx, full)
-    lora_bytes = peft.optimizer_state_bytes(tx, trainable)
+    base = C.SequenceClassifier(config, 2)
+    full = nn.unbox(jax.eval_shape(base.init, jax.random.PRNGKey(0), batch))
+    model = L.LoraTuning(base, rank=8, targets=("query", "value"),
+                         train_modules=("classifier",))
+    tree = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), batch))
+    full_bytes = peft.optimizer_state_bytes(optax.adamw(1e-4), full)
+    lora_bytes = peft.optimizer_state_bytes(peft.freeze(optax.adamw(1e-4), model.is_frozen),
+                                            tree)
     n_full = sum(x.size for x in jax.tree.leaves(full))
-    n_lora = sum(x.size for x in jax.tree.leaves(trainable))
+    n_lora = model.trainable_count(tree)
     assert n_full == 109_483_778
     assert n_lora == 12 * 2 * (768 * 8 + 8 * 768) + 768 * 2 + 2
     assert full_bytes == 8 * n_full + 4 and lora_bytes == 8 * n_lora + 4
@@ -146,7 +207,6 @@ def test_freeze_keeps_frozen_leaves_out_of_the_state():
     updates = jit(lambda g, p: tx.update(g, tx.init(p), p)[0], grads, params)
     assert all(float(jnp.abs(u).max()) == 0 for u in jax.tree.leaves(updates["encoder"]))
     assert float(jnp.abs(updates["classifier"]["dense"]["kernel"]).min()) > 0
-
 
 
 def test_frozen_optimizer_state_checkpoints_and_restores(tmp_path):
@@ -182,6 +242,7 @@ def test_prompt_embeddings_act_as_prepended_tokens():
     gparams = random_params(Decoder(GPT).init, jax.random.PRNGKey(0),
                             gbatch["decoder_input_tokens"])
     t = np.array([11, 12, 13], np.int32)
+    pt, pg = L.PromptTuning(tagger, 3), L.PromptTuning(lm, 3)
 
     def prepended(b):
         out = {k: jnp.concatenate([jnp.broadcast_to(t if "tokens" in k else 1, (4, 3)), v], 1)
@@ -191,12 +252,10 @@ def test_prompt_embeddings_act_as_prepended_tokens():
         return out
 
     def both(tp, gp):
-        pt = peft.PromptTuningModel(tagger, 3, base_params=tp)
-        pg = peft.PromptTuningModel(lm, 3, base_params=gp)
-        prompt_t = {"prompt": tp["token_embedder"]["embedding"][t]}
-        prompt_g = {"prompt": gp["token_embedder"]["embedding"][t]}
-        return (pt.apply(prompt_t, batch), tagger.apply(tp, prepended(batch))[:, 3:],
-                pg.apply(prompt_g, gbatch), lm.apply(gp, prepended(gbatch))[:, 3:])
+        prompted_t = {**tp, "prompt": tp["token_embedder"]["embedding"][t]}
+        prompted_g = {**gp, "prompt": gp["token_embedder"]["embedding"][t]}
+        return (pt.apply(prompted_t, batch), tagger.apply(tp, prepended(batch))[:, 3:],
+                pg.apply(prompted_g, gbatch), lm.apply(gp, prepended(gbatch))[:, 3:])
 
     tag_p, tag_ref, lm_p, lm_ref = jit(both, tparams, gparams)
     assert tag_p.shape == (4, 8, 3) and lm_p.shape == (4, 8, GPT.vocab_size)
@@ -206,61 +265,28 @@ def test_prompt_embeddings_act_as_prepended_tokens():
 
 
 def test_prompt_tuning_trains_only_the_prompt():
-    """Only the prompt trains, and it can steer a frozen classifier: every label is 1 and
-    the base (random, std 0.3 so that its outputs respond to its inputs) starts near 0.56."""
+    """Only the prompt trains (`train_modules=()`: the head stays frozen too), and it can
+    steer a frozen classifier: every label is 1 and the base (random, std 0.3 so that its
+    outputs respond to its inputs) starts near 0.56."""
     tokens, _ = sentences(32, seed=7)
     batch = bert_batch(tokens, label=np.ones(32, np.int32))
     base, params = classifier_params(batch, seed=1, std=0.3)
-    frozen_copy = jax.tree.map(np.copy, params)
-    model = peft.PromptTuningModel(base, num_prompts=4, base_params=params)
-    trainable = model.init(jax.random.PRNGKey(0), batch)
-    assert set(trainable) == {"prompt"} and trainable["prompt"].shape == (4, BERT.d_model)
+    model = L.PromptTuning(base, num_prompts=4, train_modules=())
+    tree = {**params, **model.init_extra(jax.random.PRNGKey(0), params)}
+    assert tree["prompt"].shape == (4, BERT.d_model)
+    # init="vocab": every prompt is a row of the token table.
+    table = params["token_embedder"]["embedding"]
+    assert all(np.any(np.all(table == row, axis=1)) for row in np.asarray(tree["prompt"]))
     before, plain = jit(lambda t, p: (model.apply(t, batch), base.apply(p, batch)),
-                        trainable, params)
+                        tree, params)
     assert before.shape == plain.shape == (32, 2)
     assert float(jnp.abs(before - plain).max()) > 1e-6            # the prompt changes outputs
-    assert peft.optimizer_state_bytes(optax.adam(1e-2), trainable) == 2 * 4 * 4 * 32 + 4
-    new, ls = train(model, trainable, batch, steps=30, lr=3e-2)
+    tx = peft.freeze(optax.adam(1e-2), model.is_frozen)
+    assert model.trainable_count(tree) == 4 * BERT.d_model
+    assert peft.optimizer_state_bytes(tx, tree) == 2 * 4 * 4 * 32 + 4
+    new, ls = train_frozen(model, tree, batch, steps=30, lr=3e-2)
     assert ls[-1] < 0.2 * ls[0]
-    assert float(jnp.abs(new["prompt"] - trainable["prompt"]).max()) > 0
-    jax.tree.map(np.testing.assert_array_equal, model.base_params, frozen_copy)
-    with pytest.raises(ValueError, match="train_modules"):
-        peft.PromptTuningModel(base, 2, base_params=params, train_modules=("nope",))
-
-
-def test_trainer_trains_a_lora_classifier_unchanged():
-    """The wrappers honour the Model contract: `Trainer` builds the sharded state on the
-    8-device mesh and trains LoRA factors + head; its state holds only those (the optimizer
-    too), and the frozen base never moves."""
-    from t2t.train import partitioning
-    from t2t.train.trainer import TrainConfig, Trainer
-
-    tokens, label = sentences(32, seed=6)
-    batch = {k: np.asarray(v) for k, v in bert_batch(tokens, label=label).items()}
-    base, params = classifier_params(batch)
-    frozen_copy = jax.tree.map(np.copy, params)
-    model = peft.LoraModel(base, rank=4, alpha=8.0, base_params=params,
-                           train_modules=("classifier",))
-    mesh = partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1))
-    trainer = Trainer(model, optax.adam(3e-2), mesh,
-                      TrainConfig(model_dir="unused"))
-    state = trainer.init_state(batch)
-    losses = []
-    for _ in range(30):
-        state, metrics = trainer.train_step(state, batch)
-        losses.append(float(metrics["loss"]))
-    assert losses[-1] < 0.3 * losses[0]
-    new = jax.device_get(state.params)
-    assert set(new) == {"lora", "modules"}
-    assert peft.tree_bytes(state.opt_state) == 2 * peft.tree_bytes(new) + 4
-    # Only the LoRA factors (and the head) moved; the base is bitwise unchanged.
-    jax.tree.map(np.testing.assert_array_equal, model.base_params, frozen_copy)
-    attn = new["lora"]["encoder"]["layers"]["layer_0"]["self_attention"]
-    assert set(attn) == {"query", "value"} and float(np.abs(attn["query"]["lora_b"]).max()) > 0
-    merged = model.merged_params(new)
-    layer, base_layer = (t["encoder"]["layers"]["layer_0"] for t in (merged, params))
-    assert float(np.abs(layer["self_attention"]["query"]["kernel"]
-                        - base_layer["self_attention"]["query"]["kernel"]).max()) > 0
-    jax.tree.map(np.testing.assert_array_equal, layer["self_attention"]["key"],
-                 base_layer["self_attention"]["key"])
-    jax.tree.map(np.testing.assert_array_equal, layer["mlp"], base_layer["mlp"])
+    assert_only_trainable_moved(model, tree, new)
+    with pytest.raises(ConfigError, match=r"PromptTuning.train_modules names \['nope'\]"):
+        jax.eval_shape(L.PromptTuning(base, 2, train_modules=("nope",)).init,
+                       jax.random.PRNGKey(0), batch)
