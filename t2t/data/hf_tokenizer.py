@@ -30,34 +30,44 @@ changes the pipeline beyond the above (Llama's `add_bos_token`, say).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 from t2t.data.vocab import Vocabulary, WordPieceVocabulary, as_ints, word_starts
 from t2t.errors import InputFileError
 
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "vocab.txt", "vocab.json + merges.txt")
 MODELS = ("WordPiece", "BPE", "Unigram", "WordLevel")   # the tokenizer.json models read
-WORDPIECE_FAMILIES = ("bert", "electra", "distilbert")
 SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 GPT2_EOT = "<|endoftext|>"
-# Each family's special tokens where its tokenizer_config.json does not name them (the
-# defaults of transformers' tokenizer classes); `mask` of RoBERTa and ALBERT also takes
-# the space before it ("lstrip").
-FAMILY_SPECIALS = {
-    "bert": dict(unk="[UNK]", sep="[SEP]", pad="[PAD]", cls="[CLS]", mask="[MASK]"),
-    "roberta": dict(bos="<s>", eos="</s>", sep="</s>", cls="<s>", unk="<unk>", pad="<pad>",
-                    mask="<mask>"),
-    "gpt2": dict(unk=GPT2_EOT, bos=GPT2_EOT, eos=GPT2_EOT),
-    "albert": dict(bos="[CLS]", eos="[SEP]", unk="<unk>", sep="[SEP]", pad="<pad>",
-                   cls="[CLS]", mask="[MASK]"),
-    "t5": dict(eos="</s>", unk="<unk>", pad="<pad>"),
-}
-FAMILY_SPECIALS.update({family: FAMILY_SPECIALS["bert"] for family in WORDPIECE_FAMILIES})
-LSTRIP_MASK = ("roberta", "albert")
+BERT_SPECIALS = dict(unk="[UNK]", sep="[SEP]", pad="[PAD]", cls="[CLS]", mask="[MASK]")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerStyle:
+    """What one family's transformers tokenizer class does beyond its files: its special
+    tokens where tokenizer_config.json does not name them (the class's defaults), which
+    slow files it reads ("vocab.txt", "bpe": vocab.json + merges.txt, "spiece"), and the
+    options it sets on the pipeline."""
+
+    specials: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    slow_files: Optional[str] = None
+    bert_normalizer: bool = False      # do_lower_case / strip_accents / Chinese characters
+    lstrip_mask: bool = False          # `mask` takes the space before it
+    wraps_cls_sep: bool = False        # RoBERTa's <s> … </s> post-processor
+    # a spiece.model: its pieces as the class adjusts them, (pieces, config) -> (pieces,
+    # config), and the pipeline it builds, (tokenizer, config, specials, charsmap
+    # normalizers) -> the Metaspace prepend scheme
+    spiece_pieces: Optional[Callable[..., Any]] = None
+    spiece_pipeline: Optional[Callable[..., str]] = None
+    # an explicit add_prefix_space makes the fast class convert spiece.model again (T5)
+    converts_spiece_on_prefix_space: bool = False
+
+
 # transformers' `clean_up_tokenization`: the spaces a word-level detokenizer leaves
 CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
@@ -171,16 +181,17 @@ def load(directory: str | os.PathLike) -> Vocabulary:
     d = Path(directory)
     config = read_tokenizer_config(d)
     family = family_of(d, config)
+    style = STYLES.get(family, TokenizerStyle())
     if (d / "tokenizer.json").is_file() and not (
-            family == "t5" and config.get("add_prefix_space") is not None
-            and (d / "spiece.model").is_file()):   # T5TokenizerFast then converts spiece.model
-        return HfTokenizerVocabulary(*from_tokenizer_json(d / "tokenizer.json", config, family))
+            style.converts_spiece_on_prefix_space and config.get("add_prefix_space") is not None
+            and (d / "spiece.model").is_file()):
+        return HfTokenizerVocabulary(*from_tokenizer_json(d / "tokenizer.json", config, style))
     if (d / "spiece.model").is_file():
-        return HfTokenizerVocabulary(*from_spiece(d / "spiece.model", config, family))
+        return HfTokenizerVocabulary(*from_spiece(d / "spiece.model", config, family, style))
     if (d / "vocab.txt").is_file():
-        return from_vocab_txt(d / "vocab.txt", config, family)
+        return from_vocab_txt(d / "vocab.txt", config, family, style)
     if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
-        return HfTokenizerVocabulary(*from_byte_level_bpe(d, config, family))
+        return HfTokenizerVocabulary(*from_byte_level_bpe(d, config, family, style))
     raise InputFileError(f"{d} has no tokenizer file t2t reads (one of "
                          f"{', '.join(TOKENIZER_FILES)}): copy the checkpoint's tokenizer "
                          "files into it, or give a vocabulary of your own")
@@ -223,9 +234,9 @@ def token_text(value: Any) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def special_tokens(config: dict, family: str | None) -> dict[str, str]:
+def special_tokens(config: dict, style: TokenizerStyle) -> dict[str, str]:
     """bos/eos/unk/sep/pad/cls/mask -> token text: the config's, else the family's."""
-    names = dict(FAMILY_SPECIALS.get(family, {}))
+    names = dict(style.specials)
     for name in SPECIAL_NAMES:
         if f"{name}_token" in config:
             names[name] = token_text(config[f"{name}_token"])
@@ -244,7 +255,7 @@ def added_token(value: Any, special: bool = True, **flags) -> Any:
     return AddedToken(value, **{"normalized": not special, **flags}, special=special)
 
 
-def add_special_tokens(tok: Any, config: dict, family: str | None,
+def add_special_tokens(tok: Any, config: dict, style: TokenizerStyle,
                        specials: dict[str, str]) -> None:
     """What transformers' fast tokenizer adds on loading: tokenizer_config.json's
     `added_tokens_decoder` where its flags differ from the tokenizer's; special tokens given
@@ -266,7 +277,7 @@ def add_special_tokens(tok: Any, config: dict, family: str | None,
             continue
         if isinstance(value, dict):
             wanted.append(added_token(value))
-        elif name == "mask" and family in LSTRIP_MASK:
+        elif name == "mask" and style.lstrip_mask:
             wanted.append(added_token(text, lstrip=True, rstrip=False, normalized=False))
         elif text not in present and text not in [t.content for t in wanted]:
             wanted.append(added_token(text))
@@ -295,7 +306,7 @@ def rebuilt(component: Any, module: Any, **changes) -> Any:
 
 
 def from_tokenizer_json(path: Path, config: dict,
-                        family: str | None) -> tuple[Any, dict[str, str], bool]:
+                        style: TokenizerStyle) -> tuple[Any, dict[str, str], bool]:
     """A tokenizer.json as transformers loads it: (tokenizer, special tokens, clean-up)."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
 
@@ -310,7 +321,7 @@ def from_tokenizer_json(path: Path, config: dict,
                              f"({str(e).strip()[:100]})") from None
     tok.no_truncation()
     tok.no_padding()
-    if family in WORDPIECE_FAMILIES:
+    if style.bert_normalizer:
         tok.normalizer = rebuilt(tok.normalizer, normalizers,
                                  lowercase=config.get("do_lower_case", True),
                                  strip_accents=config.get("strip_accents"),
@@ -319,12 +330,12 @@ def from_tokenizer_json(path: Path, config: dict,
     if prefix_space is not None:
         tok.pre_tokenizer = rebuilt(tok.pre_tokenizer, pre_tokenizers,
                                     add_prefix_space=prefix_space)
-    if family == "roberta":
+    if style.wraps_cls_sep:
         tok.post_processor = rebuilt(tok.post_processor, processors,
                                      add_prefix_space=bool(prefix_space),
                                      trim_offsets=config.get("trim_offsets", True))
-    specials = special_tokens(config, family)
-    add_special_tokens(tok, config, family, specials)
+    specials = special_tokens(config, style)
+    add_special_tokens(tok, config, style, specials)
     tok.encode_special_tokens = bool(config.get("split_special_tokens", False))
     return tok, specials, bool(config.get("clean_up_tokenization_spaces", False))
 
@@ -352,9 +363,10 @@ class HfWordPieceVocabulary(WordPieceVocabulary):
         return clean_up_tokenization(text) if self.clean_up_tokenization_spaces else text
 
 
-def from_vocab_txt(path: Path, config: dict, family: str | None) -> HfWordPieceVocabulary:
+def from_vocab_txt(path: Path, config: dict, family: str | None,
+                   style: TokenizerStyle) -> HfWordPieceVocabulary:
     """BERT's WordPiece, with tokenizer_config.json's casing and accent options."""
-    if family not in (*WORDPIECE_FAMILIES, None):
+    if style.slow_files not in ("vocab.txt", None):
         raise InputFileError(f"{path}: t2t reads a vocab.txt as BERT's WordPiece, not "
                              f"{family!r}'s: give the directory's tokenizer.json")
     return HfWordPieceVocabulary(
@@ -364,12 +376,12 @@ def from_vocab_txt(path: Path, config: dict, family: str | None) -> HfWordPieceV
         clean_up_tokenization_spaces=config.get("clean_up_tokenization_spaces", True))
 
 
-def from_byte_level_bpe(d: Path, config: dict,
-                        family: str | None) -> tuple[Any, dict[str, str], bool]:
+def from_byte_level_bpe(d: Path, config: dict, family: str | None,
+                        style: TokenizerStyle) -> tuple[Any, dict[str, str], bool]:
     """GPT-2's or RoBERTa's vocab.json + merges.txt, as transformers converts them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-    if family not in ("gpt2", "roberta"):
+    if style.slow_files != "bpe":
         raise InputFileError(f"{d}: t2t reads vocab.json + merges.txt as GPT-2's or "
                              f"RoBERTa's byte-level BPE, not {family!r}'s: give the "
                              "directory's tokenizer.json")
@@ -381,15 +393,15 @@ def from_byte_level_bpe(d: Path, config: dict,
     prefix_space = bool(config.get("add_prefix_space", False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
     tok.decoder = decoders.ByteLevel()
-    specials = special_tokens(config, family)
+    specials = special_tokens(config, style)
     ids = {name: tok.token_to_id(text) for name, text in specials.items()}
-    needed = ("cls", "sep") if family == "roberta" else ("bos",) if config.get(
+    needed = ("cls", "sep") if style.wraps_cls_sep else ("bos",) if config.get(
         "add_bos_token") else ()
     missing = [specials.get(name, name) for name in needed if ids.get(name) is None]
     if missing:
         raise InputFileError(f"{d / 'vocab.json'} lacks {', '.join(missing)}, which "
                              f"{family}'s tokenizer puts around every text")
-    if family == "roberta":
+    if style.wraps_cls_sep:
         tok.post_processor = processors.RobertaProcessing(
             (specials["sep"], ids["sep"]), (specials["cls"], ids["cls"]),
             trim_offsets=config.get("trim_offsets", True), add_prefix_space=prefix_space)
@@ -399,18 +411,18 @@ def from_byte_level_bpe(d: Path, config: dict,
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, ids["bos"])])
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    add_special_tokens(tok, config, family, specials)
+    add_special_tokens(tok, config, style, specials)
     return tok, specials, bool(config.get("clean_up_tokenization_spaces", False))
 
 
-def from_spiece(path: Path, config: dict,
-                family: str | None) -> tuple[Any, dict[str, str], bool]:
+def from_spiece(path: Path, config: dict, family: str | None,
+                style: TokenizerStyle) -> tuple[Any, dict[str, str], bool]:
     """ALBERT's or T5's spiece.model as transformers converts it to a fast tokenizer."""
     from sentencepiece import sentencepiece_model_pb2 as pb  # needs protobuf
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers
 
-    if family not in ("albert", "t5"):
+    if style.slow_files != "spiece":
         raise InputFileError(f"{path}: t2t reads a spiece.model as ALBERT's or T5's "
                              f"tokenizer, not {family!r}'s: give the directory's "
                              "tokenizer.json")
@@ -423,50 +435,88 @@ def from_spiece(path: Path, config: dict,
     if kind != "UNIGRAM":
         raise InputFileError(f"{path} is a {kind} SentencePiece model; t2t reads Unigram "
                              "ones: give the directory's tokenizer.json")
-    vocab = [(p.piece, p.score) for p in proto.pieces]
-    specials = special_tokens(config, family)
-    if family == "albert":   # "1," … "9," pieces are demoted, as transformers does
-        vocab = [(p, s - 100 if len(p) > 1 and p[-1] == "," and p[-2].isdigit() else s)
-                 for p, s in vocab]
-    else:
-        extra = [token_text(t) for t in config.get("additional_special_tokens") or []]
-        extra_ids = config.get("extra_ids", sum("<extra_id_" in str(t) for t in extra) or 100)
-        vocab += [(f"<extra_id_{k}>", 0.0) for k in reversed(range(extra_ids))]
-        if not any("<extra_id_" in str(t) for t in extra):
-            config = {**config, "additional_special_tokens":
-                      extra + [f"<extra_id_{k}>" for k in range(extra_ids)]}
+    specials = special_tokens(config, style)
+    vocab, config = style.spiece_pieces([(p.piece, p.score) for p in proto.pieces], config)
     tok = Tokenizer(models.Unigram(vocab, unk_id=proto.trainer_spec.unk_id, byte_fallback=False))
     control, user = pb.ModelProto.SentencePiece.CONTROL, pb.ModelProto.SentencePiece.USER_DEFINED
     tok.add_tokens([AddedToken(p.piece, normalized=False, special=p.type == control)
                     for p in proto.pieces if p.type in (control, user)])
     charsmap = proto.normalizer_spec.precompiled_charsmap
     table = [normalizers.Precompiled(charsmap)] if charsmap else []
-    if family == "albert":
-        steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
-        if not config.get("keep_accents", False):
-            steps += [normalizers.NFKD(), normalizers.StripAccents()]
-        if config.get("do_lower_case", True):
-            steps.append(normalizers.Lowercase())
-        steps += [*table, normalizers.Replace(Regex(" {2,}"), " ")]
-        scheme, cls, sep = "always", specials["cls"], specials["sep"]
-        tok.post_processor = processors.TemplateProcessing(
-            single=[cls, "$A", sep], pair=[cls, "$A", sep, "$B:1", f"{sep}:1"],
-            special_tokens=[(specials[t], tok.token_to_id(specials[t])) for t in ("cls", "sep")])
-    else:
-        steps = [*table, normalizers.Strip(left=False, right=True),
-                 normalizers.Replace(Regex(" {2,}"), "▁")]
-        prefix_space = config.get("add_prefix_space", True)
-        legacy = config.get("legacy")
-        scheme = ("never" if not prefix_space else "first" if legacy is False else "always")
-        eos = specials["eos"]
-        tok.post_processor = processors.TemplateProcessing(
-            single=["$A", eos], pair=["$A", eos, "$B", eos],
-            special_tokens=[(eos, tok.token_to_id(eos))])
-    tok.normalizer = normalizers.Sequence(steps)
+    scheme = style.spiece_pipeline(tok, config, specials, table)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-    add_special_tokens(tok, config, family, specials)
+    add_special_tokens(tok, config, style, specials)
     return tok, specials, bool(config.get("clean_up_tokenization_spaces", False))
+
+
+def albert_pieces(vocab: list, config: dict) -> tuple[list, dict]:
+    """ALBERT's pieces: "1," … "9," demoted, as transformers does."""
+    return [(p, s - 100 if len(p) > 1 and p[-1] == "," and p[-2].isdigit() else s)
+            for p, s in vocab], config
+
+
+def albert_pipeline(tok: Any, config: dict, specials: dict, table: list) -> str:
+    """ALBERT's normalisation (quotes, accents, lowercasing) and [CLS] … [SEP]."""
+    from tokenizers import Regex, normalizers, processors
+
+    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    if not config.get("keep_accents", False):
+        steps += [normalizers.NFKD(), normalizers.StripAccents()]
+    if config.get("do_lower_case", True):
+        steps.append(normalizers.Lowercase())
+    tok.normalizer = normalizers.Sequence([*steps, *table, normalizers.Replace(Regex(" {2,}"),
+                                                                               " ")])
+    cls, sep = specials["cls"], specials["sep"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=[cls, "$A", sep], pair=[cls, "$A", sep, "$B:1", f"{sep}:1"],
+        special_tokens=[(specials[t], tok.token_to_id(specials[t])) for t in ("cls", "sep")])
+    return "always"
+
+
+def t5_pieces(vocab: list, config: dict) -> tuple[list, dict]:
+    """T5's pieces: the `<extra_id_k>` sentinels appended (k descending), and named as
+    additional special tokens where the config does not name them."""
+    extra = [token_text(t) for t in config.get("additional_special_tokens") or []]
+    extra_ids = config.get("extra_ids", sum("<extra_id_" in str(t) for t in extra) or 100)
+    vocab = vocab + [(f"<extra_id_{k}>", 0.0) for k in reversed(range(extra_ids))]
+    if not any("<extra_id_" in str(t) for t in extra):
+        config = {**config, "additional_special_tokens":
+                  extra + [f"<extra_id_{k}>" for k in range(extra_ids)]}
+    return vocab, config
+
+
+def t5_pipeline(tok: Any, config: dict, specials: dict, table: list) -> str:
+    """T5's normalisation and `… </s>`; the prepend scheme from add_prefix_space / legacy."""
+    from tokenizers import Regex, normalizers, processors
+
+    tok.normalizer = normalizers.Sequence([*table, normalizers.Strip(left=False, right=True),
+                                           normalizers.Replace(Regex(" {2,}"), "▁")])
+    eos = specials["eos"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=["$A", eos], pair=["$A", eos, "$B", eos],
+        special_tokens=[(eos, tok.token_to_id(eos))])
+    if not config.get("add_prefix_space", True):
+        return "never"
+    return "first" if config.get("legacy") is False else "always"
+
+
+WORDPIECE = TokenizerStyle(BERT_SPECIALS, "vocab.txt", bert_normalizer=True)
+# by tokenizer family (`family_of`): transformers' classes' defaults
+STYLES: Dict[str, TokenizerStyle] = {
+    "bert": WORDPIECE, "electra": WORDPIECE, "distilbert": WORDPIECE,
+    "roberta": TokenizerStyle(dict(bos="<s>", eos="</s>", sep="</s>", cls="<s>", unk="<unk>",
+                                   pad="<pad>", mask="<mask>"), "bpe", lstrip_mask=True,
+                              wraps_cls_sep=True),
+    "gpt2": TokenizerStyle(dict(unk=GPT2_EOT, bos=GPT2_EOT, eos=GPT2_EOT), "bpe"),
+    "albert": TokenizerStyle(dict(bos="[CLS]", eos="[SEP]", unk="<unk>", sep="[SEP]",
+                                  pad="<pad>", cls="[CLS]", mask="[MASK]"), "spiece",
+                             lstrip_mask=True, spiece_pieces=albert_pieces,
+                             spiece_pipeline=albert_pipeline),
+    "t5": TokenizerStyle(dict(eos="</s>", unk="<unk>", pad="<pad>"), "spiece",
+                         spiece_pieces=t5_pieces, spiece_pipeline=t5_pipeline,
+                         converts_spiece_on_prefix_space=True),
+}
 
 
 __all__ = ["load", "HfTokenizerVocabulary", "HfWordPieceVocabulary", "TOKENIZER_FILES",
