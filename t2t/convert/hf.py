@@ -5,7 +5,8 @@ config.json's `model_type` (`t2t.convert.pretrained`); `load_bert` / `save_bert`
 `load_t5` / `save_t5` and `load_gpt2` / `save_gpt2` give the plain (config, params) of one
 family. Each family's converter is one module (`hf_bert`, `hf_t5`, `hf_gpt2`, `hf_gpt1`,
 `hf_encoders` for RoBERTa, ALBERT, ELECTRA and DistilBERT, `hf_xlnet`) of rule tables on
-the engine of `t2t.convert.rules`. Trees are plain nested dicts of numpy arrays:
+the engine of `t2t.convert.rules`; the task heads of BERT and its successors map onto t2t's
+fine-tuning heads through `hf_heads`. Trees are plain nested dicts of numpy arrays:
 
   BERT   -> `t2t.models.bert.BertModel(config)` params (pooler / heads only when present)
   T5     -> `t2t.nn.stacks.EncoderDecoder(config)` params

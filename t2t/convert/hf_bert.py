@@ -1,6 +1,7 @@
 """Hugging Face BERT (`BertModel`, `BertForPreTraining`, `BertForMaskedLM`) <-> t2t
-`t2t.models.bert.BertModel` params (the pooler and heads only when present), and the MLM
-logits BERT's successors share. Post-LN layers whose table `bert_layer_rules` writes for
+`t2t.models.bert.BertModel` params (the pooler and heads only when present), its task-head
+classes <-> t2t's fine-tuning heads (`t2t.convert.hf_heads`), and the MLM logits BERT's
+successors share. Post-LN layers whose table `bert_layer_rules` writes for
 RoBERTa, ALBERT, ELECTRA and DistilBERT too (`t2t.convert.hf_encoders`)."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, PretrainedError,
                                    activation, common_checks, require)
 from t2t.convert.hf_files import load_directory, write_directory
+from t2t.convert.hf_heads import TaskHeads, with_heads
 from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy,
                                export_params, import_params, layer_norm, linear, reshape, tree)
 from t2t.nn.config import TransformerConfig
@@ -233,8 +235,11 @@ def _to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
             bert_params_to_hf(model.config, model.params))
 
 
-BERT = HfFamily("bert", ("BertForPreTraining", "BertForMaskedLM", "BertModel"), bert_config,
-                _params_from_hf, _to_hf, mlm_logits, hidden_states=encoder_hidden_states,
-                read_as={f"BertFor{head}": "BertModel" for head in (
-                    "SequenceClassification", "TokenClassification", "QuestionAnswering",
-                    "MultipleChoice", "NextSentencePrediction")})
+_POOLED = ("bert.pooler.dense", "classifier")
+BERT_HEADS = TaskHeads("Bert", lambda c: bert_rules(c, "bert.", False, False, False),
+                       {"SequenceClassification": _POOLED, "MultipleChoice": _POOLED})
+BERT = with_heads(
+    HfFamily("bert", ("BertForPreTraining", "BertForMaskedLM", "BertModel"), bert_config,
+             _params_from_hf, _to_hf, mlm_logits, hidden_states=encoder_hidden_states,
+             read_as={"BertForNextSentencePrediction": "BertModel"}),
+    BERT_HEADS, lambda model: bert_hf_config(model.config, model.architecture))

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from t2t.errors import UserError
+from t2t.models import families
 from t2t.nn.config import TransformerConfig
 
 _log = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ class HfFamily:
     # (state dict, config, architecture) -> the t2t tree (its rule tables)
     params_from_hf: Callable[[Mapping[str, np.ndarray], TransformerConfig, str], Any]
     to_hf: Callable[[Any], Tuple[dict, Dict[str, np.ndarray]]]   # -> (config.json, tensors)
-    # model -> jitted (params, input_ids, attention_mask, token_type_ids) -> HF's logits
+    # model -> jitted (params, input_ids, attention_mask, token_type_ids, **inputs) -> HF's
+    # logits, `inputs` among `logits_inputs`
     logits: Callable[[Any], Callable]
     pad_token_id: int = 0                    # of a model that names none
     options_from_hf: Optional[Callable[[Mapping], Any]] = None   # settings outside the config
@@ -83,6 +85,13 @@ class HfFamily:
     # HF classes whose own head t2t does not map yet, read as the class named (the backbone
     # and what heads it shares): their other tensors are named in one "ignored" log line
     read_as: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # inputs `logits` takes besides ids, mask and token types (T5: decoder_input_ids)
+    logits_inputs: Tuple[str, ...] = ()
+
+
+def registry_family(model_type: str) -> "families.Family":
+    """The t2t family (`t2t.models.families`) whose Hugging Face form `model_type` is."""
+    return next(f for f in families.registered() if model_type in f.hf_model_types)
 
 
 def check_class(family: "HfFamily", architecture: str) -> None:

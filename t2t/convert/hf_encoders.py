@@ -10,7 +10,8 @@ trees:
 
 Each family reads and writes its base model too (`RobertaModel`, `AlbertModel`,
 `ElectraModel`, `DistilBertModel`: no prefix, no head) and ALBERT its `AlbertForMaskedLM`;
-`*_TABLES` give each HF class's table.
+`*_TABLES` give each HF class's table. Their task-head classes (`*_HEADS`) map onto t2t's
+fine-tuning heads (`t2t.convert.hf_heads`).
 
 ALBERT and ELECTRA sum their embeddings in width E and project to d_model
 (`project_summed_embeddings`); ALBERT's one shared layer is `encoder/layers/layer`.
@@ -29,6 +30,7 @@ from t2t.convert.hf_bert import (bert_config, bert_layer_rules, encoder_hidden_s
                                   mlm_logits)
 from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, PretrainedError,
                                    activation, require)
+from t2t.convert.hf_heads import TaskHeads, with_heads
 from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy,
                                export_params, flat_params, import_params, initialise,
                                layer_norm, linear, merge)
@@ -232,10 +234,12 @@ def _sop_rules(c: TransformerConfig) -> List[Rule]:
             copy("sop_classifier.classifier.bias", "nsp_head/dense/bias", (2,))]
 
 
-def electra_rules(c: TransformerConfig, generator: Optional[bool]) -> List[Rule]:
+def electra_rules(c: TransformerConfig, generator: Optional[bool],
+                  root: Optional[str] = None) -> List[Rule]:
     """ELECTRA's table: the generator's MLM head (`generator` True), the discriminator's
-    RTD head (False) or none, as `ElectraModel` (None: no `electra.` prefix)."""
-    root = "" if generator is None else "electra."
+    RTD head (False) or none (None), under `root` (default: "electra." with a head, none in
+    `ElectraModel`)."""
+    root = ("" if generator is None else "electra.") if root is None else root
     rules = _embedding_rules(f"{root}embeddings", c)
     rules += _projection_rules(f"{root}embeddings_project", c)
     for i in range(c.num_encoder_layers):
@@ -425,18 +429,61 @@ def _electra_split(config: TransformerConfig, p: Params, generator=None):
             "discriminator": ("ElectraForPreTraining", d_cfg, disc)}
 
 
-ROBERTA = HfFamily(
+# ----------------------------------------------------------------------- task heads
+# Each family's task-head classes (`t2t.convert.hf_heads`): the backbone under its root, no
+# pooler; the dense before the output and the output of its pooled heads.
+ROBERTA_HEADS = TaskHeads(
+    "Roberta", lambda c: roberta_rules(c, "roberta.", pooler=False, mlm=False),
+    {"SequenceClassification": ("classifier.dense", "classifier.out_proj"),
+     "MultipleChoice": ("roberta.pooler.dense", "classifier")})
+ALBERT_HEADS = TaskHeads(
+    "Albert", lambda c: albert_rules(c, pooler=False, heads=False),
+    {suffix: ("albert.pooler", "classifier")
+     for suffix in ("SequenceClassification", "MultipleChoice")})
+ELECTRA_HEADS = TaskHeads(
+    "Electra", lambda c: electra_rules(c, None, root="electra."),
+    {"SequenceClassification": ("classifier.dense", "classifier.out_proj"),
+     "MultipleChoice": ("sequence_summary.summary", "classifier")})
+DISTILBERT_HEADS = TaskHeads(
+    "DistilBert", lambda c: distilbert_rules(c, mlm=False),
+    {suffix: ("pre_classifier", "classifier")
+     for suffix in ("SequenceClassification", "MultipleChoice")})
+
+
+def _electra_check(d: Mapping, architecture: str) -> None:
+    """ElectraForMultipleChoice's summary: the first token, projected, gelu (the family's
+    multiple-choice pooler, `t2t.models.families.head_style`)."""
+    if architecture != "ElectraForMultipleChoice":
+        return
+    summary = (d.get("summary_type", "first"), d.get("summary_use_proj", True),
+               d.get("summary_activation", "gelu"), d.get("summary_proj_to_labels", False))
+    if summary != ("first", True, "gelu", False):
+        raise ValueError(f"summary_type/use_proj/activation/proj_to_labels = {summary}: t2t "
+                         "reads ElectraForMultipleChoice's ('first', True, 'gelu', False)")
+
+
+ROBERTA = with_heads(HfFamily(
     "roberta", tuple(ROBERTA_TABLES), roberta_config, _roberta_params, _roberta_to_hf,
     functools.partial(mlm_logits, mlm_activation=ROBERTA_MLM_ACTIVATION,
                       positions=roberta_positions),
     pad_token_id=1, split=_keep("token_embedder", "encoder", "mlm_head"),
-    hidden_states=functools.partial(encoder_hidden_states, positions=roberta_positions))
-ALBERT = HfFamily("albert", tuple(ALBERT_TABLES), albert_config, _albert_params,
-                  _albert_to_hf, mlm_logits, hidden_states=encoder_hidden_states)
-ELECTRA = HfFamily("electra", tuple(ELECTRA_TABLES), electra_config, _electra_params,
-                   _electra_to_hf, _electra_logits, split=_electra_split,
-                   hidden_states=encoder_hidden_states)
-DISTILBERT = HfFamily(
+    hidden_states=functools.partial(encoder_hidden_states, positions=roberta_positions)),
+    ROBERTA_HEADS,
+    lambda model: roberta_hf_config(model.config, model.pad_token_id, model.architecture),
+    positions=roberta_positions)
+ALBERT = with_heads(
+    HfFamily("albert", tuple(ALBERT_TABLES), albert_config, _albert_params, _albert_to_hf,
+             mlm_logits, hidden_states=encoder_hidden_states),
+    ALBERT_HEADS, lambda model: albert_hf_config(model.config, model.architecture),
+    after_import=lambda p: _rename(p, _SHARED, "layer"),
+    before_export=lambda p: _rename(p, "layer", _SHARED), scan=False)
+ELECTRA = with_heads(
+    HfFamily("electra", tuple(ELECTRA_TABLES), electra_config, _electra_params,
+             _electra_to_hf, _electra_logits, split=_electra_split,
+             hidden_states=encoder_hidden_states, check=_electra_check),
+    ELECTRA_HEADS, lambda model: electra_hf_config(model.config, model.architecture))
+DISTILBERT = with_heads(HfFamily(
     "distilbert", tuple(DISTILBERT_TABLES), distilbert_config, _distilbert_params,
     _distilbert_to_hf, mlm_logits, split=_keep("token_embedder", "encoder", "mlm_head"),
-    hidden_states=encoder_hidden_states)
+    hidden_states=encoder_hidden_states),
+    DISTILBERT_HEADS, lambda model: distilbert_hf_config(model.config, model.architecture))

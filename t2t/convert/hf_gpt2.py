@@ -1,6 +1,10 @@
 """Hugging Face GPT-2 (`GPT2LMHeadModel`, `GPT2Model`) <-> t2t `t2t.nn.stacks.Decoder`
 params (the decoder-only LM: pre-LN, learned positions, biases, a tied output), and the
-LM logits GPT-1 shares."""
+LM logits GPT-1 shares. Its task heads map onto t2t's fine-tuning heads, the Decoder under
+`decoder`: `GPT2ForSequenceClassification` -> `t2t.models.classifiers.LastTokenHead`
+(`score`, no bias, on each row's last real token: [batch, labels]) and
+`GPT2ForTokenClassification` -> `DecoderTokenHead` (`classifier` as `tagger`: [batch,
+length, labels])."""
 from __future__ import annotations
 
 import functools
@@ -12,9 +16,10 @@ import numpy as np
 from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, activation, common_checks,
                                    require)
 from t2t.convert.hf_files import load_directory, write_directory
-from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy,
-                               export_params, import_params, layer_norm, linear, reshape,
-                               split)
+from t2t.convert.hf_heads import head_config
+from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy, dense,
+                               export_params, import_params, layer_norm, linear, nest, reshape,
+                               split, tree)
 from t2t.nn.config import TransformerConfig
 
 
@@ -90,9 +95,10 @@ def gpt_layer_rules(hf: str, t: str, c: TransformerConfig) -> List[Rule]:
     ]
 
 
-def gpt2_rules(c: TransformerConfig, root: str) -> List[Rule]:
+def gpt2_rules(c: TransformerConfig, root: str, lm_head: bool = True) -> List[Rule]:
     """GPT-2's table under `root` ("transformer." in the LM head model): embeddings,
-    pre-LN layers (Conv1D kernels [in, out]), the final norm, an untied lm_head."""
+    pre-LN layers (Conv1D kernels [in, out]), the final norm, an untied lm_head (when
+    `lm_head`)."""
     d = c.d_model
     rules = [copy(f"{root}wte.weight", "token_embedder/embedding", (c.vocab_size, d)),
              copy(f"{root}wpe.weight", "embedder/position_embedder/embedding",
@@ -100,7 +106,7 @@ def gpt2_rules(c: TransformerConfig, root: str) -> List[Rule]:
     for i in range(c.num_decoder_layers):
         rules += gpt_layer_rules(f"{root}h.{i}", f"layers/layer_{i}", c)
     rules += layer_norm(f"{root}ln_f", "final_norm", d)
-    if root and not c.tie_embeddings:    # GPT2Model (no root) has no LM head
+    if root and lm_head and not c.tie_embeddings:    # GPT2Model (no root) has no LM head
         rules.append(linear("lm_head.weight", "logits_dense/kernel", (d, c.vocab_size)))
     return rules
 
@@ -162,10 +168,73 @@ def _lm_fn(config: TransformerConfig, hidden: bool = False):
     return jax.jit(fn)
 
 
-GPT2 = HfFamily("gpt2", tuple(GPT2_ROOTS), gpt2_config,
-                lambda state, config, architecture: gpt2_params_from_hf(state, config),
-                lambda model: (gpt2_hf_config(model.config, model.architecture),
-                               gpt2_params_to_hf(model.config, model.params,
-                                                 model.architecture)),
-                lm_logits, hidden_states=decoder_hidden_states,
+# ----------------------------------------------------------------------- task heads
+# HF class -> (its output Linear, whether it has a bias, the t2t module holding it)
+GPT2_HEADS = {"GPT2ForSequenceClassification": ("score", False, "classifier"),
+              "GPT2ForTokenClassification": ("classifier", True, "tagger")}
+
+
+def gpt2_head_rules(c: TransformerConfig, architecture: str, outputs: int) -> List[Rule]:
+    """A GPT-2 head class's table: the backbone under `decoder`, the output dense."""
+    name, bias, module = GPT2_HEADS[architecture]
+    return (nest("decoder", gpt2_rules(c, "transformer.", lm_head=False))
+            + dense(name, f"{module}/dense", c.d_model, outputs, bias))
+
+
+def _outputs(params, architecture: str) -> int:
+    return int(tree(params)[GPT2_HEADS[architecture][2]]["dense"]["kernel"].shape[-1])
+
+
+def _params_from_hf(state: StateDict, config: TransformerConfig, architecture: str) -> Params:
+    if architecture not in GPT2_HEADS:
+        return gpt2_params_from_hf(state, config)
+    name = f"{GPT2_HEADS[architecture][0]}.weight"
+    if name not in state:
+        raise CheckpointMismatchError(f"this {architecture} checkpoint has no {name!r}")
+    return import_params(state, gpt2_head_rules(config, architecture, state[name].shape[0]),
+                         config, None)
+
+
+def _to_hf(model) -> Tuple[dict, Dict[str, np.ndarray]]:
+    hf_config = gpt2_hf_config(model.config, model.architecture)
+    if model.architecture not in GPT2_HEADS:
+        return hf_config, gpt2_params_to_hf(model.config, model.params, model.architecture)
+    outputs = _outputs(model.params, model.architecture)
+    return ({**hf_config, **head_config(model, outputs), "pad_token_id": model.pad_token_id},
+            export_params(model.params, gpt2_head_rules(model.config, model.architecture,
+                                                        outputs)))
+
+
+def _logits(model) -> Callable:
+    """LM logits; a head class's: [batch, labels] from each row's last real token (by the
+    attention mask; HF finds it by pad_token_id: the same for right padding with pad ids
+    nowhere else), or [batch, length, labels]."""
+    if model.architecture not in GPT2_HEADS:
+        return lm_logits(model)
+    return _head_fn(model.config, model.architecture, _outputs(model.params,
+                                                              model.architecture))
+
+
+@functools.lru_cache(maxsize=None)
+def _head_fn(config: TransformerConfig, architecture: str, outputs: int):
+    from t2t.models.classifiers import DecoderTokenHead, LastTokenHead
+    module = (LastTokenHead(config, outputs, bias=False)
+              if architecture == "GPT2ForSequenceClassification"
+              else DecoderTokenHead(config, outputs))
+
+    def fn(params, ids, mask, types):
+        return module.apply({"params": params}, ids, mask)
+    return jax.jit(fn)
+
+
+def _hidden_states(model) -> Callable:
+    """The backbone's last states; of a head class, its `decoder`'s."""
+    fn = _lm_fn(model.config, True)
+    if model.architecture not in GPT2_HEADS:
+        return fn
+    return lambda params, ids, mask, types: fn(params["decoder"], ids, mask, types)
+
+
+GPT2 = HfFamily("gpt2", tuple(GPT2_ROOTS) + tuple(GPT2_HEADS), gpt2_config, _params_from_hf,
+                _to_hf, _logits, hidden_states=_hidden_states,
                 read_as={"GPT2DoubleHeadsModel": "GPT2LMHeadModel"})

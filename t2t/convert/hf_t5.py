@@ -1,7 +1,8 @@
 """Hugging Face T5 (`T5ForConditionalGeneration`, `T5Model`, `T5EncoderModel`) <-> t2t
 `t2t.nn.stacks.EncoderDecoder` params: v1.0 (ReLU, tied and scaled logits) and v1.1 (gated
 GeLU, untied) configs. `T5Model` has no LM head (`decoder/logits_dense`), `T5EncoderModel`
-no decoder either; the config is the checkpoint's either way."""
+no decoder either; the config is the checkpoint's either way. `T5ForConditionalGeneration`'s
+logits take `decoder_input_ids` (and `decoder_attention_mask`)."""
 from __future__ import annotations
 
 import functools
@@ -164,9 +165,31 @@ def save_t5(config: TransformerConfig, params: Params, path) -> None:
     write_directory(path, t5_hf_config(config), t5_params_to_hf(config, params))
 
 
-def _no_logits(model):
-    raise PretrainedError("a T5 directory has no logits(input_ids, attention_mask): use "
-                          "t2t.nn.stacks.EncoderDecoder with decoder inputs")
+def _logits(model) -> Callable:
+    """T5ForConditionalGeneration's LM logits [batch, target, vocab]: (params, input_ids,
+    attention_mask, token_type_ids, decoder_input_ids=, decoder_attention_mask=)."""
+    if model.architecture != "T5ForConditionalGeneration":
+        raise PretrainedError(f"a {model.architecture} has no LM head, so no logits; its "
+                              "encoder's states: hidden_states(input_ids, attention_mask)")
+    fn = _decode_fn(model.config)
+
+    def logits(params, ids, mask, types, decoder_input_ids=None, decoder_attention_mask=None):
+        if decoder_input_ids is None:
+            raise PretrainedError("T5ForConditionalGeneration.logits needs decoder_input_ids "
+                                  "[batch, target] (HF's: the targets shifted right, "
+                                  "decoder_start_token_id first)")
+        return fn(params, ids, mask, decoder_input_ids, decoder_attention_mask)
+    return logits
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_fn(config: TransformerConfig):
+    from t2t.nn.stacks import EncoderDecoder
+
+    def fn(params, ids, mask, decoder_ids, decoder_mask):
+        return EncoderDecoder(config).apply({"params": params}, ids, decoder_ids, mask,
+                                            decoder_mask)
+    return jax.jit(fn)
 
 
 def _encoder_hidden_states(model) -> Callable:
@@ -188,4 +211,5 @@ T5 = HfFamily("t5", tuple(T5_TABLES), t5_config,
                                                                     architecture),
               lambda model: (t5_hf_config(model.config, model.architecture),
                              t5_params_to_hf(model.config, model.params, model.architecture)),
-              _no_logits, hidden_states=_encoder_hidden_states)
+              _logits, hidden_states=_encoder_hidden_states,
+              logits_inputs=("decoder_input_ids", "decoder_attention_mask"))

@@ -3,36 +3,52 @@ config.json's `model_type`, `save_pretrained` writes a directory `transformers` 
 Each model_type is one `HfFamily` of its family's converter module (`FORMS`), whose t2t
 family lists it (`t2t.models.families.Family.hf_model_types`).
 
-`PretrainedModel.logits(input_ids, attention_mask)` equals the HF class's output: MLM logits
-[batch, length, vocab] for BERT, RoBERTa, ALBERT, DistilBERT and an ELECTRA generator,
-replaced-token logits [batch, length] for an ELECTRA discriminator, LM logits for GPT-2,
-OpenAI GPT (GPT-1) and XLNet (its content stream over the whole input; perm_mask,
-target_mapping and mems through `t2t.models.xlnet.XLNet`); class logits [batch, labels] for
-`XLNetForSequenceClassification` and [batch, choices] for `XLNetForMultipleChoice` (inputs
-[batch, choices, length]), in XLNet's layout (left padding, the [CLS] last).
+`PretrainedModel.logits(input_ids, attention_mask, token_type_ids, **inputs)` equals the HF
+class's `.logits`: MLM logits [batch, length, vocab] for BERT, RoBERTa, ALBERT, DistilBERT
+and an ELECTRA generator, replaced-token logits [batch, length] for an ELECTRA
+discriminator, LM logits for GPT-2, OpenAI GPT (GPT-1) and XLNet (its content stream over
+the whole input; perm_mask, target_mapping and mems through `t2t.models.xlnet.XLNet`);
+`T5ForConditionalGeneration`'s [batch, target, vocab] with `decoder_input_ids=` (and
+`decoder_attention_mask=`); and a task head's:
+
+  ...ForSequenceClassification  [batch, labels]          (BERT, RoBERTa, ALBERT, ELECTRA,
+  ...ForTokenClassification     [batch, length, labels]   DistilBERT; GPT-2's sequence and
+  ...ForQuestionAnswering       [batch, length, 2] = start, end      token classification)
+  ...ForMultipleChoice          [batch, choices] from inputs [batch, choices, length]
+  XLNetForSequenceClassification / XLNetForMultipleChoice, in XLNet's layout (left
+  padding, the [CLS] last)
+
+A task head's tree is the parameters of t2t's own fine-tuning head
+(`t2t.convert.hf_heads`, `t2t.models.classifiers`), so `t2t finetune` continues from it.
 `PretrainedModel.hidden_states(input_ids, attention_mask)` equals the family's base class's
 `last_hidden_state` (T5: the encoder's). config.json's `architectures` names the HF class;
-`save_pretrained` writes that class back, and a class t2t does not read is one line.
+`save_pretrained` writes that class back (a head with its labels). A class t2t does not read
+is one line; one whose own head t2t does not map (GPT2DoubleHeadsModel,
+BertForNextSentencePrediction) is read as the class `HfFamily.read_as` names, said in one
+line (tensors no rule reads are named in one line too); a missing head (AlbertForMaskedLM's
+pooler and SOP head) is initialised and named in one line; a checkpoint without the tensors
+its class needs is one line (`PretrainedError`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax.numpy as jnp
 import numpy as np
 
 from t2t.convert import hf_bert, hf_encoders, hf_gpt1, hf_gpt2, hf_t5, hf_xlnet
-from t2t.convert.hf_common import HfFamily, PretrainedError, check_class, class_to_read
+from t2t.convert.hf_common import (HfFamily, PretrainedError, check_class, class_to_read,
+                                   registry_family)
 from t2t.convert.hf_files import CONFIG_FILE, read_safetensors, write_directory
-from t2t.convert.rules import tree
-from t2t.models import families
+from t2t.convert.hf_heads import HEAD_CONFIG_KEYS
+from t2t.convert.rules import CheckpointMismatchError, tree
 from t2t.nn.config import TransformerConfig
 
 __all__ = ["FORMS", "SUPPORTED", "PretrainedError", "PretrainedModel", "family_of",
-           "from_t2t", "load_pretrained", "pretrained", "save_pretrained"]
+           "from_t2t", "load_pretrained", "pretrained", "read_config", "save_pretrained"]
 
 # model_type -> its converter (config maps, rule tables, HF classes)
 FORMS: Dict[str, HfFamily] = {form.model_type: form for form in (
@@ -51,7 +67,7 @@ def _form(model_type: str) -> HfFamily:
 def family_of(model_type: str) -> str:
     """The t2t model family whose Hugging Face form `model_type` is."""
     _form(model_type)
-    return next(f.name for f in families.registered() if model_type in f.hf_model_types)
+    return registry_family(model_type).name
 
 
 @dataclasses.dataclass
@@ -64,11 +80,22 @@ class PretrainedModel:
     params: Any
     pad_token_id: int = 0
     options: Any = None     # settings outside TransformerConfig (XLNet: XLNetOptions)
+    # a task head's config.json labels (id2label, label2id, problem_type), written back
+    head_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def logits(self, input_ids, attention_mask=None, token_type_ids=None) -> np.ndarray:
-        """The HF class's logits for right- or left-padded [batch, length] ids (1 = token)."""
-        return self._run(_form(self.model_type).logits, input_ids, attention_mask,
-                         token_type_ids)
+    def logits(self, input_ids, attention_mask=None, token_type_ids=None,
+               **inputs) -> np.ndarray:
+        """The HF class's logits for right- or left-padded [batch, length] ids (1 = token);
+        multiple choice: [batch, choices, length]; `inputs`: what else the class reads
+        (T5ForConditionalGeneration: `decoder_input_ids` [batch, target], optionally
+        `decoder_attention_mask`)."""
+        form = _form(self.model_type)
+        unknown = sorted(set(inputs) - set(form.logits_inputs))
+        if unknown:
+            raise PretrainedError(f"{self.architecture}.logits takes no {', '.join(unknown)}"
+                                  + (f" (it takes {', '.join(form.logits_inputs)})"
+                                     if form.logits_inputs else ""))
+        return self._run(form.logits, input_ids, attention_mask, token_type_ids, **inputs)
 
     def hidden_states(self, input_ids, attention_mask=None, token_type_ids=None) -> np.ndarray:
         """HF's `last_hidden_state` of the family's base class [batch, length, d_model]
@@ -76,12 +103,14 @@ class PretrainedModel:
         return self._run(_form(self.model_type).hidden_states, input_ids, attention_mask,
                          token_type_ids)
 
-    def _run(self, make_fn, input_ids, attention_mask, token_type_ids) -> np.ndarray:
+    def _run(self, make_fn, input_ids, attention_mask, token_type_ids, **inputs
+             ) -> np.ndarray:
         ids = jnp.asarray(input_ids, jnp.int32)
         mask = jnp.ones_like(ids) if attention_mask is None else jnp.asarray(attention_mask,
                                                                               jnp.int32)
         types = None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32)
-        return np.asarray(make_fn(self)(self.params, ids, mask, types))
+        more = {k: jnp.asarray(v, jnp.int32) for k, v in inputs.items() if v is not None}
+        return np.asarray(make_fn(self)(self.params, ids, mask, types, **more))
 
 
 # ----------------------------------------------------------------------- load / save
@@ -116,6 +145,12 @@ def _config(form: HfFamily, d: Dict[str, Any]) -> TransformerConfig:
         raise PretrainedError(f"{form.model_type} config.json: {e}") from None
 
 
+def read_config(directory) -> Tuple[str, TransformerConfig]:
+    """(model_type, t2t config) of an HF directory, without reading its weights."""
+    d = _read_hf_config(os.fspath(directory))
+    return d["model_type"], _config(FORMS[d["model_type"]], d)
+
+
 def load_pretrained(directory, **overrides) -> PretrainedModel:
     """HF directory (config.json + model.safetensors) -> PretrainedModel.
 
@@ -137,11 +172,15 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
             form.check(d, architecture)
         except ValueError as e:
             raise PretrainedError(f"{form.model_type} config.json: {e}") from None
-    params = form.params_from_hf(state, config, architecture)
+    try:
+        params = form.params_from_hf(state, config, architecture)
+    except CheckpointMismatchError as e:
+        raise PretrainedError(f"{directory} is not a {architecture} t2t can read: {e}") from None
     pad = d.get("pad_token_id")
     options = form.options_from_hf(d) if form.options_from_hf else None
     return PretrainedModel(form.model_type, architecture, config, params,
-                           0 if pad is None else int(pad), options)
+                           0 if pad is None else int(pad), options,
+                           {k: d[k] for k in HEAD_CONFIG_KEYS if k in d})
 
 
 def save_pretrained(model: PretrainedModel, directory) -> None:

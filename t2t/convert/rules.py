@@ -82,6 +82,21 @@ def transpose(hf: str, path: str, shape, aliases=()) -> Rule:
                 lambda ws: ws[0].T, tuple(aliases))
 
 
+def dense(hf: str, path: str, n_in: int, n_out: int, bias: bool = True) -> List[Rule]:
+    """An nn.Linear `hf` (weight [out, in], bias [out]) <-> a t2t Dense `path` (kernel
+    [in, out], bias [out])."""
+    rules = [linear(f"{hf}.weight", f"{path}/kernel", (n_in, n_out))]
+    if bias:
+        rules.append(copy(f"{hf}.bias", f"{path}/bias", (n_out,)))
+    return rules
+
+
+def nest(prefix: str, rules: Sequence[Rule]) -> List[Rule]:
+    """`rules` with every t2t path under `prefix` ("decoder": a Decoder inside a head)."""
+    return [dataclasses.replace(r, paths=tuple(split(prefix) + p for p in r.paths))
+            for r in rules]
+
+
 def layer_norm(hf: str, path: str, d: int, bias: bool = True) -> List[Rule]:
     """A LayerNorm's weight (legacy `gamma`) and bias (`beta`) <-> `scale` and `bias`."""
     rules = [copy(f"{hf}.weight", f"{path}/scale", (d,), aliases=(f"{hf}.gamma",))]

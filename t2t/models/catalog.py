@@ -22,6 +22,7 @@ from t2t.models.distill import DistillationModel
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.families import DECODER, ENCODER, ENCODER_DECODER, Family, FlopFormula, register
 from t2t.models.gpt import DecoderOnlyModel
+from t2t.models.heads import PoolerStyle
 from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
 from t2t.models.t5 import EncoderDecoderModel
 from t2t.models.xlnet import XLNet, XLNetPretrainingModel
@@ -63,25 +64,38 @@ ENCODER_HEADS = {"classification": classifiers.SequenceClassifier,
                  "regression": classifiers.Regressor, "tagging": classifiers.TokenTagger,
                  "span_qa": classifiers.SpanQA, "multiple_choice": classifiers.MultipleChoice}
 
+# The pooled heads of each family's Hugging Face task classes (BERT's and ALBERT's: the
+# pretrained pooler). RoBERTa's classification head drops out before its dense + tanh
+# (its multiple choice reads the pooler); ELECTRA's uses gelu (its multiple choice: a gelu
+# summary, no dropout first); DistilBERT's pre_classifier relu.
+_ROBERTA = PoolerStyle(dropout_first=True)
+_ELECTRA = PoolerStyle("gelu", dropout_first=True)
+_DISTILBERT = PoolerStyle("relu")
+
 BERT = register(Family(
     "bert", "BERT", BertModel, BertPretrainingModel, encoder_inputs, conv.EncoderConverter,
     ENCODER, heads=ENCODER_HEADS, masked_lm=True, tokenizer="wordpiece",
     hf_model_types=("bert",)))
 register(BERT.variant(name="roberta", title="RoBERTa", tokenizer="byte_bpe",
-                      hf_model_types=("roberta",)))
+                      hf_model_types=("roberta",),
+                      head_styles={"classification": _ROBERTA, "regression": _ROBERTA}))
 register(BERT.variant(name="albert", title="ALBERT", tokenizer="sentencepiece",
                       hf_model_types=("albert",)))
 register(Family(
     "electra", "ELECTRA", ElectraDiscriminator, ElectraPretrainingModel, token_inputs,
     conv.EncoderConverter, ENCODER, generator=True, masked_lm=True, tokenizer="wordpiece",
-    hf_model_types=("electra",)))
+    hf_model_types=("electra",),
+    head_styles={"classification": _ELECTRA, "regression": _ELECTRA,
+                 "multiple_choice": PoolerStyle("gelu")}))
 register(Family(
     "spanbert", "SpanBERT", SpanBertModel, SpanBertPretrainingModel, encoder_inputs,
     conv.EncoderConverter, ENCODER, masked_lm=True, tokenizer="wordpiece"))
 register(Family(   # the student's module; its size follows the teacher's
     "distill", "DistilBERT", BertModel, DistillationModel, encoder_inputs,
     conv.EncoderConverter, ENCODER, teacher=True, masked_lm=True, tokenizer="wordpiece",
-    hf_model_types=("distilbert",)))
+    hf_model_types=("distilbert",),
+    head_styles={kind: _DISTILBERT for kind in ("classification", "regression",
+                                                "multiple_choice")}))
 register(Family(   # Transformer-XL backbone and tied LM head
     "xlnet", "XLNet", XLNet, XLNetPretrainingModel, token_inputs, PermutationLmConverter,
     ENCODER, heads={"classification": xlnet_heads.XLNetSequenceClassifier,

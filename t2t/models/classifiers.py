@@ -26,8 +26,9 @@ from flax import traverse_util
 
 from t2t.models import losses
 from t2t.models.base import Batch, LossConfig, Metrics, Model
-from t2t.models.heads import Classifier, Pooler
+from t2t.models.heads import BERT_POOLER, Classifier, Pooler, PoolerStyle
 from t2t.nn.config import TransformerConfig
+from t2t.nn.dropout import Dropout
 from t2t.nn.embed import token_embed
 from t2t.nn.stacks import Decoder, Encoder
 
@@ -104,11 +105,14 @@ class PooledHead(BertTrunk):
     The row vector: the pooler (dense + tanh) over the [CLS] (`pooling="cls"`, BERT) or over
     the last real token (`"last"`: a left-to-right trunk's [CLS] sees only itself); or,
     with `bilstm_units`, a fresh `BiLstm` over the real tokens (then `pooling` is unused).
+    `style` is the family's pooler (`PoolerStyle`: RoBERTa's and ELECTRA's classification
+    heads drop out before the dense too, ELECTRA's activation is gelu, DistilBERT's relu).
     """
 
     num_outputs: int = 2
     pooling: str = "cls"
     bilstm_units: Optional[int] = None
+    style: PoolerStyle = BERT_POOLER
 
     def setup(self):
         super().setup()
@@ -119,7 +123,9 @@ class PooledHead(BertTrunk):
             self.bilstm = BiLstm(self.bilstm_units, cfg.compute_dtype, cfg.params_dtype,
                                  name="bilstm")
         else:
-            self.pooler = Pooler(cfg, name="pooler")
+            self.pooler = Pooler(cfg, self.style.activation, name="pooler")
+            if self.style.dropout_first:
+                self.first_dropout = Dropout(cfg.dropout_rate)
         self.classifier = Classifier(cfg, self.num_outputs, name="classifier")
 
     def __call__(self, encoder_input_tokens, encoder_segment_ids=None, token_type_ids=None,
@@ -130,10 +136,12 @@ class PooledHead(BertTrunk):
         last = last_token_index(encoder_segment_ids, l, b)                     # [b]
         if self.bilstm_units:
             row = self.bilstm(hidden, last + 1)                                # [b, 2 units]
-        elif self.pooling == "last":
-            row = self.pooler(hidden[jnp.arange(b), last][:, None])            # [b, d]
         else:
-            row = self.pooler(hidden)                                          # [CLS]: [b, d]
+            first = hidden[jnp.arange(b), last][:, None] if self.pooling == "last" \
+                else hidden[:, :1]                                             # [b, 1, d]
+            if self.style.dropout_first:
+                first = self.first_dropout(first, deterministic=deterministic)
+            row = self.pooler(first)                                           # [b, d]
         return self.classifier(row, deterministic=deterministic)
 
 
@@ -194,14 +202,17 @@ class SpanHead(BertTrunk):
 
 
 class LastTokenHead(nn.Module):
-    """GPT classification: the final hidden state of each row's last real token -> dense."""
+    """GPT classification: the final hidden state of each row's last real token -> dense
+    (`bias=False`: without a bias, as GPT-2's `score`)."""
 
     config: TransformerConfig
     num_classes: int = 2
+    bias: bool = True
 
     def setup(self):
         self.decoder = Decoder(self.config, name="decoder")
-        self.classifier = Classifier(self.config, self.num_classes, name="classifier")
+        self.classifier = Classifier(self.config, self.num_classes, use_bias=self.bias,
+                                     name="classifier")
 
     def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
                  *, deterministic: bool = True) -> jax.Array:
@@ -213,15 +224,38 @@ class LastTokenHead(nn.Module):
         return self.classifier(hidden[jnp.arange(b), last], deterministic=deterministic)
 
 
+class DecoderTokenHead(nn.Module):
+    """Per-token logits of a left-to-right trunk [batch, length, num_labels] (GPT-2's token
+    classification: dropout + dense on every final hidden state of the `decoder`)."""
+
+    config: TransformerConfig
+    num_labels: int = 2
+
+    def setup(self):
+        self.decoder = Decoder(self.config, name="decoder")
+        self.tagger = Classifier(self.config, self.num_labels, name="tagger")
+
+    def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
+                 *, deterministic: bool = True) -> jax.Array:
+        hidden = self.decoder(decoder_input_tokens, None, decoder_segment_ids, None,
+                              decoder_positions, deterministic=deterministic,
+                              return_hidden=True)                         # [b, l, d]
+        return self.tagger(hidden, deterministic=deterministic)
+
+
 # ----------------------------------------------------------------------------- pretrained
 @dataclasses.dataclass
 class LoadReport:
     """Which leaves `merge_pretrained` copied, which stayed freshly initialised (new) and
-    which pretrained leaves had no place in the target (unused, e.g. `mlm_head`)."""
+    which pretrained leaves had no place in the target (unused, e.g. `mlm_head`); `reset`:
+    head leaves (outside the required modules) the pretrained tree has in another shape,
+    e.g. a classifier over another number of labels, left freshly initialised (and also
+    counted as new)."""
 
     copied: List[str]
     new: List[str]
     unused: List[str]
+    reset: List[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         top = lambda paths: sorted({p.split("/")[0] for p in paths})  # noqa: E731
@@ -240,13 +274,15 @@ def merge_pretrained(params: Params, pretrained: Params, *, prefix: Path = (),
                      required: Sequence[str] = ()) -> Tuple[Params, LoadReport]:
     """Copy every pretrained leaf whose path (under `prefix`) exists in `params`.
 
-    `params` may hold logical-partitioning boxes (kept). Raises on a shape mismatch, and when
-    a leaf under one of the `required` top-level modules has no pretrained value (a wrong
-    tree, or one saved with another layer layout such as `scan_layers`).
+    `params` may hold logical-partitioning boxes (kept). Raises on a shape mismatch in the
+    `required` top-level modules (the trunk), and when a leaf under one of them has no
+    pretrained value (a wrong tree, or one saved with another layer layout such as
+    `scan_layers`). A head leaf of another shape (a fine-tuned classifier over another
+    number of labels) stays freshly initialised (`LoadReport.reset`).
     """
     source = {prefix + k: v for k, v in _flat(pretrained).items()}
     target = _flat(params)
-    copied, new, errors = [], [], []
+    copied, new, errors, reset = [], [], [], []
     for path, value in target.items():
         name = "/".join(path)
         if path not in source:
@@ -254,6 +290,10 @@ def merge_pretrained(params: Params, pretrained: Params, *, prefix: Path = (),
             continue
         src = source[path]
         if tuple(src.shape) != tuple(value.shape):
+            if path[0] not in required:
+                reset.append(f"{name} {tuple(src.shape)} -> {tuple(value.shape)}")
+                new.append(name)
+                continue
             errors.append(f"{name}: pretrained {tuple(src.shape)} vs model {tuple(value.shape)}")
         copied.append(name)
     if errors:
@@ -265,11 +305,12 @@ def merge_pretrained(params: Params, pretrained: Params, *, prefix: Path = (),
                          f"modules {tuple(required)}, e.g. {missing[:3]}; is the tree from "
                          "another model or saved with another layer layout (scan_layers)?")
     unused = ["/".join(p) for p in source if p not in target]
-    report = LoadReport(copied, new, unused)
+    report = LoadReport(copied, new, unused, reset)
+    fresh = {tuple(n.split("/")) for n in new}
 
     def one(path, leaf):
         key = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
-        if key not in source:
+        if key not in source or key in fresh:
             return leaf
         is_box = isinstance(leaf, nn.Partitioned)
         value = leaf.unbox() if is_box else leaf
@@ -347,6 +388,9 @@ class FineTuningModel(Model):
             pretrained_params = pretrained_params["params"]
         params = jax.jit(build)(rng, pretrained_params)
         _log.info("%s.init_from_pretrained: %s", type(self).__name__, reports[-1].summary())
+        if reports[-1].reset:
+            _log.warning("the pretrained head does not fit this task, initialised fresh: %s",
+                         ", ".join(reports[-1].reset))
         return (params, reports[-1]) if return_report else params
 
     def weights(self, batch: Batch) -> jax.Array:
@@ -375,9 +419,9 @@ class SequenceClassifier(FineTuningModel):
 
     def __init__(self, config: TransformerConfig, num_classes: int, pooling: str = "cls",
                  bilstm_units: Optional[int] = None, loss: LossConfig = LossConfig(z_loss=0.0),
-                 pretrained: Optional[Params] = None):
-        super().__init__(config, PooledHead(config, num_classes, pooling, bilstm_units), loss,
-                         pretrained)
+                 pretrained: Optional[Params] = None, style: PoolerStyle = BERT_POOLER):
+        super().__init__(config, PooledHead(config, num_classes, pooling, bilstm_units, style),
+                         loss, pretrained)
         self.num_classes = num_classes
 
     def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
@@ -396,8 +440,10 @@ class SequenceClassifier(FineTuningModel):
 class Regressor(FineTuningModel):
     """STS-B-style regression: one output from the pooled [CLS], MSE on `target` [batch]."""
 
-    def __init__(self, config: TransformerConfig, pretrained: Optional[Params] = None):
-        super().__init__(config, PooledHead(config, 1), LossConfig(z_loss=0.0), pretrained)
+    def __init__(self, config: TransformerConfig, pretrained: Optional[Params] = None,
+                 style: PoolerStyle = BERT_POOLER):
+        super().__init__(config, PooledHead(config, 1, style=style), LossConfig(z_loss=0.0),
+                         pretrained)
 
     def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
         pred = self.apply(params, batch, rng)[:, 0].astype(jnp.float32)   # [b]
@@ -542,8 +588,9 @@ class MultipleChoice(FineTuningModel):
     over the choices; `label` [batch] is the right choice."""
 
     def __init__(self, config: TransformerConfig, num_choices: int,
-                 loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None):
-        super().__init__(config, ChoiceHead(config), loss, pretrained)
+                 loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None,
+                 style: PoolerStyle = BERT_POOLER):
+        super().__init__(config, ChoiceHead(config, style=style), loss, pretrained)
         self.num_choices = num_choices
 
     def _choice_logits(self, params, batch: Batch, rng=None) -> jax.Array:

@@ -10,6 +10,7 @@ family of your own is one module that defines its module and wrapper and calls `
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import flax.linen as nn
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from t2t.errors import ConfigError
+from t2t.models.heads import BERT_POOLER, PoolerStyle
 from t2t.nn.config import TransformerConfig
 
 if TYPE_CHECKING:
@@ -61,6 +63,9 @@ class Family:
     decoding: Optional["Decoding"] = None        # how `predict` decodes; None: it does not
     # fine-tuning heads by task kind ("classification", "multiple_choice", ...)
     heads: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    # how its pooled heads read the first token, by task kind (`head` binds it; BERT's
+    # pooler where none is given): its Hugging Face task heads' layout
+    head_styles: Mapping[str, PoolerStyle] = dataclasses.field(default_factory=dict)
     teacher: bool = False         # the wrapper is a student: model(teacher=(config, params))
     generator: bool = False       # pretraining trains a generator beside it (`generator_config`)
     masked_lm: bool = False       # its pretraining tree predicts masked tokens (`t2t mlm_eval`)
@@ -120,14 +125,23 @@ def get(name: str) -> Family:
     return _REGISTRY[name]
 
 
-def head(family: str, kind: str) -> type:
-    """The family's fine-tuning head for a task `kind` (`Family.heads`)."""
-    heads = get(family).heads
-    if kind not in heads:
+def head(family: str, kind: str) -> Callable[..., "Model"]:
+    """The family's fine-tuning head for a task `kind` (`Family.heads`), its pooler style
+    bound when the family gives one (`Family.head_styles`)."""
+    fam = get(family)
+    if kind not in fam.heads:
         having = names(lambda f: kind in f.heads, variants=False)
         raise ConfigError(f"the {family!r} family has no {kind} head; families with one: "
                           f"{', '.join(having)}")
-    return heads[kind]
+    if kind in fam.head_styles:
+        return functools.partial(fam.heads[kind], style=fam.head_styles[kind])
+    return fam.heads[kind]
+
+
+def head_style(family: str, kind: str) -> PoolerStyle:
+    """How the family's pooled head for a task `kind` reads the first token
+    (`Family.head_styles`; BERT's pooler by default)."""
+    return get(family).head_styles.get(kind, BERT_POOLER)
 
 
 def make_module(family: str, config) -> nn.Module:

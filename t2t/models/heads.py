@@ -1,11 +1,11 @@
 """Task heads on top of the stacks: BERT pooler, MLM head, classifiers."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
@@ -15,17 +15,37 @@ from t2t.nn.mlp import get_activation
 from t2t.nn.norms import make_norm
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolerStyle:
+    """How a family's pooled fine-tuning head turns the first token's state into the row
+    vector its classifier reads: `activation`(W · h[CLS] + b), with dropout before the
+    dense too when `dropout_first` (the classifier's dropout always follows it).
+
+    BERT and ALBERT: the pretrained pooler (tanh); RoBERTa's classification head: the same
+    dense + tanh with dropout before it; ELECTRA's: gelu with dropout before (its multiple
+    choice summary: gelu); DistilBERT's pre_classifier: relu. A family's entry in
+    `t2t.models.families` chooses its style per task kind (`Family.head_styles`)."""
+
+    activation: str = "tanh"
+    dropout_first: bool = False
+
+
+BERT_POOLER = PoolerStyle()
+
+
 class Pooler(nn.Module):
-    """BERT pooler: tanh(W · h[CLS] + b).  [batch, length, d] -> [batch, d]."""
+    """BERT pooler: tanh(W · h[CLS] + b) (another `activation` for other families, see
+    `PoolerStyle`).  [batch, length, d] -> [batch, d]."""
 
     config: TransformerConfig
+    activation: str = "tanh"
 
     @nn.compact
     def __call__(self, hidden: jax.Array) -> jax.Array:
         cfg = self.config
         dense = Dense(cfg.d_model, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
                       param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="dense")
-        return jnp.tanh(dense(hidden[:, 0]))
+        return get_activation(self.activation)(dense(hidden[:, 0]))
 
 
 class MlmHead(nn.Module):
@@ -51,16 +71,19 @@ class MlmHead(nn.Module):
 
 
 class Classifier(nn.Module):
-    """Dropout + dense to `num_classes`.  [batch, d] -> [batch, num_classes]."""
+    """Dropout + dense to `num_classes` (`use_bias=False`: no bias, as GPT-2's `score`).
+    [batch, d] -> [batch, num_classes]."""
 
     config: TransformerConfig
     num_classes: int
     dropout_rate: Optional[float] = None
+    use_bias: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
         cfg = self.config
         rate = cfg.dropout_rate if self.dropout_rate is None else self.dropout_rate
         x = Dropout(rate)(x, deterministic=deterministic)
-        return Dense(self.num_classes, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
+        return Dense(self.num_classes, ("embed", None), use_bias=self.use_bias,
+                     dtype=cfg.compute_dtype,
                      param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="dense")(x)

@@ -6,8 +6,14 @@ classification: `classifier_experiment`) whose trainer starts from INITIAL_CHECK
 * a t2t MODEL_DIR (or its `checkpoints/`): the latest step's *parameters* only (no
   optimizer or data state), restored onto the new model's shardings; a shape mismatch
   names every differing parameter;
-* a Hugging Face BERT directory (config.json + model.safetensors, `load_bert`), or any
-  t2t checkpoint, for models with `init_from_pretrained` (new heads stay freshly initialised).
+* a Hugging Face directory (config.json + model.safetensors, any class
+  `t2t.convert.pretrained.load_pretrained` reads: a fine-tuned `...ForSequenceClassification`
+  gives its head too, continued when its label count is the task's, else initialised fresh
+  with one log line), or any t2t checkpoint, for models with `init_from_pretrained` (new
+  heads stay freshly initialised).
+
+`t2t eval` (and `t2t infer`) of a MODEL_DIR without checkpoints whose INITIAL_CHECKPOINT is
+a Hugging Face directory holding this task's head score that directory as it is.
 
 If MODEL_DIR already has checkpoints the run resumes from them, exactly as pretraining
 (`trainer.fit`). With `EPOCHS` the run lasts ceil(epochs x train examples / batch) steps
@@ -18,6 +24,7 @@ sizes the schedule's warmup. Afterwards the task's `validation` and `test` split
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -107,11 +114,47 @@ def restore_params(path: str, target: Optional[Params] = None,
 
 
 def load_pretrained(path: str) -> Params:
-    """Pretrained parameters as numpy: a Hugging Face BERT directory or a t2t checkpoint."""
+    """Pretrained parameters as numpy: a Hugging Face directory (a task head's tree is t2t's
+    fine-tuning head's, `t2t.convert.hf_heads`) or a t2t checkpoint."""
     if is_hf_dir(path):
-        from t2t.convert.hf import load_bert
-        return load_bert(path)[1]
+        from t2t.convert import pretrained
+        return pretrained.load_pretrained(path).params
     return restore_params(path)
+
+
+def hf_family(path: Optional[str]) -> Optional[str]:
+    """The t2t family of the Hugging Face directory `path` (None: not one)."""
+    if path is None or not is_hf_dir(path):
+        return None
+    from t2t.convert import pretrained
+    return pretrained.family_of(pretrained.read_config(path)[0])
+
+
+def family_head(family: str, kind: str, pretrained: Optional[str]) -> Callable[..., Any]:
+    """The `family`'s fine-tuning head for a task `kind`; from a Hugging Face directory,
+    with the pooler style of that directory's family (the layout of its HF heads)."""
+    head = families.head(family, kind)
+    source = hf_family(pretrained)
+    if source is None:
+        return head
+    return functools.partial(head, style=families.head_style(source, kind))
+
+
+def hf_head_params(exp: experiment_lib.Experiment, path: str) -> Params:
+    """The experiment's model's parameters, all of them from the Hugging Face directory
+    `path` (a classifier fine-tuned elsewhere, scored as it is); a directory without this
+    task's head is one line."""
+    model = exp.trainer.model
+    batch = {k: np.zeros(v.shape, v.dtype) for k, v in next(exp.data()).items()}
+    params, report = model.init_from_pretrained(jax.random.PRNGKey(0), batch,
+                                                load_pretrained(path), return_report=True)
+    if report.new:
+        fresh = sorted({name.split("/")[0] for name in report.new})
+        raise ConfigError(f"MODEL_DIR has no checkpoints, and the Hugging Face directory "
+                          f"{path!r} has no head for this task ({', '.join(fresh)} would be "
+                          "new): run `t2t finetune` first")
+    import flax.linen as nn
+    return nn.unbox(params)
 
 
 @configurable
@@ -233,18 +276,20 @@ def _hf_lowercase(path: str) -> bool:
 def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: bool,
                family: str = "bert") -> tuple[Any, Any]:
     """(TransformerConfig, WordPieceVocabulary) of a fine-tuning over WordPiece rows: from the
-    Hugging Face BERT directory `pretrained`, else the TransformerConfig bindings and
-    `vocabulary` (a vocab.txt). A `family` whose own vocabulary is not WordPiece (XLNet:
-    its heads over the same rows) reads only t2t MODEL_DIRs."""
-    from t2t.convert import hf
+    Hugging Face directory `pretrained` (BERT, ELECTRA, DistilBERT: a WordPiece family),
+    else the TransformerConfig bindings and `vocabulary` (a vocab.txt). A `family` whose own
+    vocabulary is not WordPiece (XLNet: its heads over the same rows) reads only t2t
+    MODEL_DIRs."""
+    from t2t.convert import pretrained as hf_pretrained
     from t2t.data.vocab import WordPieceVocabulary
-    from_hf = pretrained is not None and is_hf_dir(pretrained)
-    fam = families.get(family)
-    if from_hf and fam.tokenizer != "wordpiece":
-        raise ConfigError(f"{pretrained!r} is a Hugging Face directory: {fam.title} "
-                          f"fine-tuning starts from a t2t {fam.title} MODEL_DIR")
+    source = hf_family(pretrained)
+    from_hf = source is not None
+    for fam in ([families.get(family), families.get(source)] if from_hf else []):
+        if fam.tokenizer != "wordpiece":
+            raise ConfigError(f"{pretrained!r} is a Hugging Face directory: {fam.title} "
+                              f"fine-tuning starts from a t2t {fam.title} MODEL_DIR")
     if from_hf:
-        model_cfg = hf.bert_config(hf.read_json(os.path.join(pretrained, "config.json")))
+        model_cfg = hf_pretrained.read_config(pretrained)[1]
         vocabulary = vocabulary or os.path.join(pretrained, "vocab.txt")
         lowercase = _hf_lowercase(pretrained)
     else:
@@ -282,7 +327,7 @@ def classifier_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     regression = getattr(task_obj, "kind", None) == "regression"
     if not regression and not getattr(task_obj, "label_names", None):
         raise ValueError(f"task {task!r} has no label names: not a classification task")
-    head = families.head(family, "regression" if regression else "classification")
+    head = family_head(family, "regression" if regression else "classification", pretrained)
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase, family)
     model = (head(model_cfg) if regression else
              head(model_cfg, len(task_obj.label_names), pooling=pooling,
@@ -557,8 +602,8 @@ def multiple_choice_experiment(task: str = gin.REQUIRED, batch_size: int = gin.R
     "label"}``, `num_choices` endings each), pairs cut to `max_length`; trunk and `family`
     as `classifier_experiment` ("xlnet": `XLNetMultipleChoice`)."""
     task_obj = tasks_lib.get_task(task)
-    head = families.head(family, "multiple_choice")
     model_cfg, wordpiece = bert_trunk(pretrained, vocabulary, lowercase, family)
+    head = family_head(family, "multiple_choice", pretrained)
     model = head(model_cfg, num_choices)
     size = min(train_size(task_obj), max_train_examples or train_size(task_obj))
     train_cfg = configured.TrainConfig()
@@ -717,13 +762,21 @@ def run(splits: Optional[Sequence[str]] = None,
 
 
 def restore_experiment(step: Optional[int] = None) -> tuple[experiment_lib.Experiment, Params]:
-    """The gin-configured fine-tuning experiment and MODEL_DIR's parameters (latest step).
-    A MODEL_DIR without a checkpoint is one line before the task reads any data."""
+    """The gin-configured fine-tuning experiment and MODEL_DIR's parameters (latest step);
+    of a MODEL_DIR without checkpoints whose INITIAL_CHECKPOINT is a Hugging Face directory,
+    that directory's (`hf_head_params`). Else a MODEL_DIR without a checkpoint is one line
+    before the task reads any data."""
     model_dir = gin_utils.query_macro("MODEL_DIR")
-    if isinstance(model_dir, str) and model_dir and _binds_initial_checkpoint():
+    hf_dir = _hf_initial_checkpoint()
+    if isinstance(model_dir, str) and model_dir and _binds_initial_checkpoint() \
+            and hf_dir is None:
         _check_has_checkpoints(model_dir)     # (not a fine-tuning config: gin says so below)
     exp = finetune_experiment()
     model_dir = exp.trainer.config.model_dir
+    if hf_dir is not None and step is None and hasattr(exp.trainer.model, "init_from_pretrained") \
+            and latest_step(os.path.join(model_dir, "checkpoints")) is None:
+        _log.info("MODEL_DIR has no checkpoints: scoring the Hugging Face directory %s", hf_dir)
+        return exp, hf_head_params(exp, hf_dir)
     _check_has_checkpoints(model_dir)
     return exp, restore_params(model_dir, abstract_params(exp), step, what="MODEL_DIR")
 
@@ -734,6 +787,17 @@ def _binds_initial_checkpoint() -> bool:
         return True
     except ValueError:
         return False
+
+
+def _hf_initial_checkpoint() -> Optional[str]:
+    """INITIAL_CHECKPOINT when it is the path of a Hugging Face directory."""
+    path = gin_utils.query_macro("INITIAL_CHECKPOINT")
+    if not isinstance(path, str):                 # bound without the macro
+        try:
+            path = gin.query_parameter("finetune_experiment.initial_checkpoint")
+        except ValueError:
+            return None
+    return path if isinstance(path, str) and path and is_hf_dir(path) else None
 
 
 def _check_has_checkpoints(model_dir: str) -> None:
