@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t2t.models import losses
+from t2t.models import chunked_loss, losses
 from t2t.models.base import LossConfig, Model
 from t2t.models.heads import Classifier, MlmHead, Pooler
 from t2t.nn.config import TransformerConfig
@@ -86,6 +86,18 @@ def hidden_states(config: TransformerConfig, params, input_ids, attention_mask=N
                                    token_type_ids, method=BertModel.encode)
 
 
+def _masked_hidden(module: BertModel, encoder_input_tokens, encoder_segment_ids=None,
+                   token_type_ids=None, encoder_positions=None, masked_positions=None, *,
+                   deterministic: bool = True):
+    """BertModel's forward pass without the MLM head: (hidden states at the masked
+    positions [b, p, d] (all positions without them), NSP logits [b, 2])."""
+    hidden = module.encode(encoder_input_tokens, encoder_segment_ids, token_type_ids,
+                           encoder_positions, deterministic=deterministic)
+    nsp = module.nsp_head(module.pooler(hidden), deterministic=deterministic)
+    at = hidden if masked_positions is None else gather_positions(hidden, masked_positions)
+    return at, nsp
+
+
 class BertPretrainingModel(Model):
     """MLM (+ NSP when the batch has `next_sentence_labels`) with logits only at the
     masked positions."""
@@ -98,9 +110,17 @@ class BertPretrainingModel(Model):
         super().__init__(config, BertModel(config), loss)
 
     def loss_fn(self, params, batch, rng=None):
-        out = self.apply(params, batch, rng)
-        mlm, metrics = self.token_loss(out["mlm_logits"], batch["masked_ids"],
-                                       batch["masked_weights"])
+        if self.config.loss_chunk_tokens:      # MLM logits a chunk at a time
+            hidden, nsp_logits = self.apply(params, batch, rng, method=_masked_hidden)
+            out = {"nsp_logits": nsp_logits}
+            mlm, metrics = chunked_loss.token_loss(
+                self, chunked_loss.MlmProjection(self.config, self.module.mlm_activation),
+                {"token_embedder": params["token_embedder"], "mlm_head": params["mlm_head"]},
+                hidden, batch["masked_ids"], batch["masked_weights"])
+        else:
+            out = self.apply(params, batch, rng)
+            mlm, metrics = self.token_loss(out["mlm_logits"], batch["masked_ids"],
+                                           batch["masked_weights"])
         metrics = {"mlm_loss": mlm, "mlm_accuracy": metrics["accuracy"],
                    "num_tokens": metrics["num_tokens"]}
         loss = mlm

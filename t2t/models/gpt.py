@@ -6,19 +6,23 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from t2t.models import decoding
+from t2t.models import chunked_loss, decoding
 from t2t.models.base import Batch, LossConfig, Model
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import Decoder
 
 
-class DecoderOnlyModel(Model):
+class DecoderOnlyModel(chunked_loss.ChunkedDecoderLoss, Model):
     family = "gpt"
     input_features = ("decoder_input_tokens", "decoder_segment_ids", "decoder_positions",
                       "decoder_causal_attention")
 
     def __init__(self, config: TransformerConfig, loss: LossConfig = LossConfig()):
         super().__init__(config, Decoder(config), loss)
+
+    def decoder_hidden(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        """The final hidden state [b, l, d] (the loss in chunks: chunked_loss.py)."""
+        return self.apply(params, batch, rng, return_hidden=True)
 
     def predict(self, params, batch: Batch, *, max_decode_length: Optional[int] = None,
                 strategy: str = "greedy", eos_id: Optional[int] = 1,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,57 @@ def cross_entropy_with_logits(
     return total / denom, total_z / denom, weight_sum
 
 
+def chunked_cross_entropy(
+    project: Callable[[jax.Array], jax.Array], hidden: jax.Array, targets: jax.Array,
+    weights: Optional[jax.Array] = None, *, chunk_tokens: int, z_loss: float = 1e-4,
+    label_smoothing: float = 0.0, loss_normalizing_factor: Optional[float] = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """`cross_entropy_with_logits(project(hidden), ...)` and its `accuracy`, with the logits
+    made and consumed a chunk of positions at a time: hidden [b, l, d], targets and weights
+    [b, l]; `project` maps [b, c, d] to logits [b, c, V].
+
+    The length is cut into chunks of c = max(1, chunk_tokens // b) positions (the batch
+    axis is kept whole, so a batch split over devices stays split), each chunk's
+    projection and loss inside `jax.checkpoint`: the backward pass recomputes one chunk's
+    logits at a time, so at most [b, c, V] logits exist at once (and the projection's
+    forward FLOPs run twice). Returns ``(loss, z_loss, weight_sum, accuracy)``.
+    """
+    b, length = targets.shape
+    if weights is None:
+        weights = jnp.ones(targets.shape, jnp.float32)
+    c = max(1, min(length, chunk_tokens // max(b, 1)))
+    n = -(-length // c)
+    pad = n * c - length
+    if pad:                                     # padded positions carry weight 0
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        weights = jnp.pad(weights, ((0, 0), (0, pad)))
+
+    def chunks(x):                              # [b, n*c, ...] -> [n, b, c, ...]
+        return jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def one(xs):
+        h, t, w = xs
+        logits = project(h)
+        loss, z = token_cross_entropy(logits, t, z_loss=z_loss,
+                                      label_smoothing=label_smoothing)
+        correct = jax.lax.stop_gradient(_first_argmax(logits) == t.astype(jnp.int32))
+        w = w.astype(jnp.float32)
+        return jnp.stack([jnp.sum(loss * w), jnp.sum(z * w),
+                          jnp.sum(correct.astype(jnp.float32) * w)])
+
+    total, total_z, total_correct = jnp.sum(
+        jax.lax.map(one, (chunks(hidden), chunks(targets), chunks(weights))), axis=0)
+    weight_sum = jnp.sum(weights.astype(jnp.float32))
+    if loss_normalizing_factor is None:
+        denom = jnp.maximum(weight_sum, 1e-8)
+    else:
+        denom = jnp.float32(loss_normalizing_factor)
+    return (total / denom, total_z / denom, weight_sum,
+            total_correct / jnp.maximum(weight_sum, 1e-8))
+
+
 def mlm_loss(logits: jax.Array, masked_ids: jax.Array, masked_weights: jax.Array, *,
              masked_positions: Optional[jax.Array] = None, z_loss: float = 0.0,
              label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
@@ -129,6 +180,16 @@ def nsp_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None].astype(jnp.int32), -1))
 
 
+def _first_argmax(logits: jax.Array) -> jax.Array:
+    """argmax over the last axis as the first index holding the row's maximum (see
+    `accuracy`)."""
+    x = logits.astype(jnp.float32)
+    vocab = x.shape[-1]
+    row_max = jnp.max(x, axis=-1, keepdims=True)                               # [..., 1]
+    index = jnp.arange(vocab, dtype=jnp.int32)
+    return jnp.min(jnp.where(x == row_max, index, vocab), axis=-1)             # [...]
+
+
 def accuracy(logits: jax.Array, targets: jax.Array,
              weights: Optional[jax.Array] = None) -> jax.Array:
     """Weighted fraction of argmax(logits [..., V]) == targets [...].
@@ -138,12 +199,7 @@ def accuracy(logits: jax.Array, targets: jax.Array,
     not vectorised, 169-203 ms of a traced GPT-2 small bf16 train step over 50,257 logits
     (benchmarks/README.md). Ties resolve as argmax's do: to the first index.
     """
-    x = logits.astype(jnp.float32)
-    vocab = x.shape[-1]
-    row_max = jnp.max(x, axis=-1, keepdims=True)                               # [..., 1]
-    index = jnp.arange(vocab, dtype=jnp.int32)
-    first_max = jnp.min(jnp.where(x == row_max, index, vocab), axis=-1)        # [...]
-    correct = (first_max == targets.astype(jnp.int32)).astype(jnp.float32)
+    correct = (_first_argmax(logits) == targets.astype(jnp.int32)).astype(jnp.float32)
     if weights is None:
         return jnp.mean(correct)
     weights = weights.astype(jnp.float32)

@@ -5,18 +5,28 @@ from typing import Optional
 
 import jax
 
+from t2t.models import chunked_loss
 from t2t.models.base import Batch, LossConfig, Model
 from t2t.nn.config import TransformerConfig
 from t2t.nn.stacks import EncoderDecoder
 
 
-class EncoderDecoderModel(Model):
+class EncoderDecoderModel(chunked_loss.ChunkedDecoderLoss, Model):
     family = "t5"
     input_features = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
                       "decoder_segment_ids", "encoder_positions", "decoder_positions")
 
     def __init__(self, config: TransformerConfig, loss: LossConfig = LossConfig()):
         super().__init__(config, EncoderDecoder(config), loss)
+
+    def decoder_hidden(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        """The decoder's final hidden state [b, l, d] (the loss in chunks:
+        chunked_loss.py)."""
+        return self.apply(params, batch, rng, method=_hidden)
+
+    def head_params(self, params):
+        """The output layer lives in "decoder", its token table at the top."""
+        return {**params["decoder"], "token_embedder": params["token_embedder"]}
 
     def predict(self, params, batch: Batch, *, max_decode_length: Optional[int] = None,
                 strategy: str = "greedy", eos_id: Optional[int] = 1, **options) -> jax.Array:
@@ -28,3 +38,14 @@ class EncoderDecoderModel(Model):
             max_decode_length = targets.shape[1]
         return super().predict(params, batch, max_decode_length=max_decode_length,
                                strategy=strategy, eos_id=eos_id, **options)
+
+
+def _hidden(module: EncoderDecoder, encoder_input_tokens, decoder_input_tokens,
+            encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+            decoder_positions=None, *, deterministic: bool = True) -> jax.Array:
+    """EncoderDecoder's forward pass up to the decoder's final hidden state [b, l, d]."""
+    encoded = module.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                            deterministic=deterministic)
+    return module.decoder(decoder_input_tokens, encoded, decoder_segment_ids,
+                          encoder_segment_ids, decoder_positions,
+                          deterministic=deterministic, return_hidden=True)

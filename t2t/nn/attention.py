@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from t2t.nn import attention_kernels, mixed_einsum
 from t2t.nn.config import TransformerConfig
@@ -19,6 +20,9 @@ from t2t.nn.synthesizer import SyntheticLogits, mix_logits, uses_dot_product
 from t2t.precision import GPU_PLATFORMS
 
 BIG_NEG = -1e10  # masked logits; finite so fully-masked (padding) rows stay NaN-free
+# `checkpoint_name`s of the projections, which remat policies may keep (stacks.py)
+QKV_NAMES = ("query_proj", "key_proj", "value_proj")
+OUT_NAME = "out_proj"
 
 
 # ----------------------------------------------------------------------------- masks
@@ -74,6 +78,8 @@ def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_r
     if kernel == "splash":
         q = q * jnp.asarray(scale, q.dtype) if scale != 1.0 else q
         return attention_kernels.splash_attention(q, k, v, mask)
+    if kernel == "cudnn" and _structured_for_cudnn(mask):
+        return _cudnn_structured(q, k, v, mask, bias, scale)
     mask = attention_kernels.dense(mask)
     if kernel == "cudnn":
         return _jax_attention(q, k, v, mask, bias, scale)
@@ -86,15 +92,43 @@ def dot_product_attention(q, k, v, mask, bias, *, scale, dropout_rate, dropout_r
                   deterministic=deterministic, dtype=dtype)
 
 
-def _jax_attention(q, k, v, mask, bias, scale):
+def _structured_for_cudnn(mask) -> bool:
+    """A `cudnn_mask` (TransformerConfig.attention_structure): causal and/or lengths."""
+    return isinstance(mask, attention_kernels.SegmentedMask) and (
+        mask.causal or mask.lengths_exact is not None)
+
+
+def _cudnn_structured(q, k, v, mask, bias, scale):
+    """cuDNN told the mask's structure: `is_causal`, and the rows' lengths where every row
+    is one example then padding; a batch with another row (packed) takes the dense mask,
+    chosen on the device."""
+    if mask.lengths_exact is None:                       # causal (or nothing), no padding
+        return _jax_attention(q, k, v, None, bias, scale, causal=mask.causal)
+
+    def by_lengths(q, k, v, bias):
+        return _jax_attention(q, k, v, None, bias, scale, causal=mask.causal,
+                              lengths=(mask.q_lengths, mask.k_lengths))
+
+    def by_mask(q, k, v, bias):
+        return _jax_attention(q, k, v, mask.dense, bias, scale)
+
+    return lax.cond(mask.lengths_exact, by_lengths, by_mask, q, k, v, bias)
+
+
+def _jax_attention(q, k, v, mask, bias, scale, *, causal=False, lengths=(None, None)):
     """`jax.nn.dot_product_attention`: cuDNN's fused kernel on a GPU, JAX's XLA version
     elsewhere. On the GPU bias [1, heads, q, k] stays unbroadcast (cuDNN sums its gradient
-    over the batch itself); a mask is folded into it as -inf-like entries by JAX."""
+    over the batch itself); a mask is folded into it as -inf-like entries by JAX, while
+    `causal` (is_causal) and `lengths` (query and key lengths [batch] or None) reach the
+    kernel as its own mask types."""
     if bias is not None:
         bias = bias.astype(q.dtype)
+    structure = {name: value for name, value in (
+        ("is_causal", causal), ("query_seq_lengths", lengths[0]),
+        ("key_value_seq_lengths", lengths[1])) if value is not None and value is not False}
     if attention_kernels.target_platform() in GPU_PLATFORMS:
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                            implementation="cudnn")
+                                            implementation="cudnn", **structure)
     b, ql, h, _ = q.shape
     shape = (b, h, ql, k.shape[1])
     if mask is not None:
@@ -102,7 +136,7 @@ def _jax_attention(q, k, v, mask, bias, scale):
     if bias is not None:
         bias = jnp.broadcast_to(bias, shape)
     return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                        implementation="xla")
+                                        implementation="xla", **structure)
 
 
 def attend(logits, v, mask, *, dropout_rate, dropout_rng, deterministic, dtype):
@@ -161,11 +195,11 @@ class MultiHeadAttention(nn.Module):
             scale = cfg.head_dim ** -0.5
         synthetic = self.synthetic and cfg.synthesizer != "none"
         dot = not synthetic or uses_dot_product(cfg)   # plain synthesizers: no q, k
-        v = proj("value", base_init)(inputs_kv)        # [b, k, h, d]
+        v = checkpoint_name(proj("value", base_init)(inputs_kv), "value_proj")  # [b, k, h, d]
         q = k = None
         if dot:
-            q = proj("query", q_init)(inputs_q)        # [b, q, h, d]
-            k = proj("key", base_init)(inputs_kv)      # [b, k, h, d]
+            q = checkpoint_name(proj("query", q_init)(inputs_q), "query_proj")     # [b, q, h, d]
+            k = checkpoint_name(proj("key", base_init)(inputs_kv), "key_proj")     # [b, k, h, d]
         if dot and cfg.position_embedding == "rotary" and q_positions is not None:
             q = apply_rotary(q, q_positions, cfg.rotary_base)
             k = apply_rotary(k, k_positions if k_positions is not None else q_positions,
@@ -206,9 +240,10 @@ class MultiHeadAttention(nn.Module):
         out = fixup_bias(self, "fixup_bias_out", out)  # Fixup: a scalar bias before `out`
         out_init = fixup_init(cfg, kernel_init(cfg, in_axis=(0, 1), out_axis=2,
                                                distribution="normal"), last=True)
-        return Dense(cfg.d_model, ("heads", "kv", "embed"), contract=2, use_bias=cfg.use_bias,
-                     dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
-                     name="out")(out)
+        out = Dense(cfg.d_model, ("heads", "kv", "embed"), contract=2, use_bias=cfg.use_bias,
+                    dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
+                    name="out")(out)
+        return checkpoint_name(out, OUT_NAME)
 
     def _prepend_prefix(self, k, v, mask, bias):
         """Prefix tuning (Li & Liang 2021): keys/values [b, k, h, d] -> [b, p + k, h, d] with

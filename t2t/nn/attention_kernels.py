@@ -14,6 +14,14 @@
   (slow; for tests).
 - "auto": splash on a TPU, cuDNN on a GPU, XLA elsewhere (the CPU).
 
+With `TransformerConfig.attention_structure` the stacks tell cuDNN's kernel the mask's
+structure instead of a dense mask (`cudnn_mask`): causality as `is_causal` (the kernel skips
+the masked upper triangle) and padding as per-row sequence lengths, and T5's relative
+position bias stays [1, heads, q, k] (cuDNN reduces its gradient over the batch). Lengths
+describe a row only when it holds one example followed by padding (segment ids 1...1 0...0);
+a batch where some row does not (packed rows) takes the dense mask instead, decided on the
+device per call (`lax.cond`, which reads one predicate back on a GPU).
+
 Splash takes no additive bias and has no attention-probability dropout, and it needs the
 mask as structure (causal, segment ids) rather than as a dense boolean array; lengths must
 be multiples of its 128-wide blocks. Where a layer cannot use the kernel asked for, it
@@ -56,6 +64,11 @@ class SegmentedMask:
     q_segments: Optional[jax.Array] = None
     k_segments: Optional[jax.Array] = None
     causal: bool = flax.struct.field(pytree_node=False, default=False)
+    # cuDNN (`cudnn_mask`): real tokens per row [batch] int32, and whether they describe
+    # the mask exactly (scalar bool: every row is one example, then padding)
+    q_lengths: Optional[jax.Array] = None
+    k_lengths: Optional[jax.Array] = None
+    lengths_exact: Optional[jax.Array] = None
 
 
 def dense(mask):
@@ -81,6 +94,13 @@ def resolve(kernel: str, platform: Optional[str] = None) -> str:
 def wants_structure(kernel: str, platform: Optional[str] = None) -> bool:
     """Whether the stacks should pass SegmentedMasks (the kernel resolves to splash)."""
     return resolve(kernel, platform) == "splash"
+
+
+def cudnn_structure(config, platform: Optional[str] = None) -> bool:
+    """Whether `config.attention_structure` applies: its kernel resolves to cuDNN's (the
+    stacks then build `cudnn_mask`s and keep T5's bias unbroadcast over the batch)."""
+    return bool(config.attention_structure) and resolve(config.attention_kernel,
+                                                        platform) == "cudnn"
 
 
 def choose(kernel: str, *, q_len: int, k_len: int, bias: bool, dropout: bool,
@@ -203,7 +223,42 @@ def _splash_local(q, k, v, q_seg, k_seg, *, causal: bool, interpret: bool):
 def structured_mask(config, mask: Optional[jax.Array], q_segments: Optional[jax.Array],
                     k_segments: Optional[jax.Array], causal: bool = False):
     """`mask` (what `causal` and the segment ids [batch, len] make) as a SegmentedMask where
-    `config.attention_kernel` resolves to splash on this platform, else `mask` itself."""
+    `config.attention_kernel` resolves to splash on this platform, or to cuDNN with
+    `config.attention_structure` (`cudnn_mask`), else `mask` itself."""
+    if cudnn_structure(config):
+        return cudnn_mask(mask, q_segments, k_segments, causal)
     if not wants_structure(config.attention_kernel):
         return mask
     return SegmentedMask(mask, q_segments, k_segments, causal)
+
+
+def cudnn_mask(mask: Optional[jax.Array], q_segments: Optional[jax.Array],
+               k_segments: Optional[jax.Array], causal: bool = False) -> SegmentedMask:
+    """The SegmentedMask cuDNN's kernel reads: `causal`, and with segment ids the real
+    tokens per row as lengths plus whether every row is right-padded (one segment, then
+    padding), so that lengths and `causal` are exactly `mask`."""
+    if q_segments is None and k_segments is None:
+        return SegmentedMask(mask, causal=causal)
+    q_real, q_ok = _real_tokens(q_segments)
+    k_real, k_ok = _real_tokens(k_segments)
+    # a row with real queries but no real key (an empty input under a target) is the
+    # dense mask's fully masked row, which lengths cannot say
+    ok = q_ok & k_ok & jnp.all((q_real > 0) == (k_real > 0))
+    return SegmentedMask(mask, q_segments, k_segments, causal,
+                         None if q_segments is None else jnp.maximum(q_real, 1),
+                         None if k_segments is None else jnp.maximum(k_real, 1), ok)
+
+
+def _real_tokens(segments: Optional[jax.Array]):
+    """(real tokens per row [batch] int32, whether each row is 1...1 0...0): segment ids
+    [batch, len], 0 for padding; None is one segment with no padding. (`cudnn_mask` gives
+    the kernel lengths of at least 1: a row of padding alone then reads its first key,
+    finite, and no real query reads that row.)"""
+    if segments is None:
+        return jnp.ones((), jnp.int32), jnp.asarray(True)
+    real = segments > 0
+    lengths = jnp.sum(real, axis=-1, dtype=jnp.int32)
+    first = jnp.arange(segments.shape[-1], dtype=jnp.int32)[None, :] < lengths[:, None]
+    ok = jnp.all((real == first) & (~real | (segments == segments[:, :1])))
+    return lengths, ok
+

@@ -11,7 +11,8 @@ from t2t.errors import ConfigError
 NORM_TYPES = ("layer", "rms", "none")
 POSITION_TYPES = ("learned", "sinusoidal", "relative", "rotary", "none")
 ATTENTION_SCALES = ("sqrt", "folded")
-REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_qkv_proj",
+                  "save_qkv_out_proj")
 KERNEL_INITS = ("variance_scaling", "normal")
 DTYPES = ("float32", "bfloat16", "auto")
 SHARE_LAYERS_IN = ("both", "encoder", "decoder")
@@ -77,6 +78,9 @@ class TransformerConfig:
     attention_scale: str = "sqrt"     # "sqrt": q·k / sqrt(head_dim); "folded": in q init (T5)
     attention_kernel: str = "auto"    # xla | cudnn (jax.nn.dot_product_attention) | splash
     #   (TPU Pallas kernel) | auto: splash on TPU, cuDNN on GPU, XLA on CPU (attention_kernels.py)
+    attention_structure: bool = False  # cuDNN kernel: causality as is_causal, right padding
+    #   as sequence lengths (packed rows: the dense mask), T5's bias kept [1, heads, q, k];
+    #   no effect with other kernels (attention_kernels.cudnn_mask)
     prefix_length: int = 0            # prefix tuning (Li & Liang 2021): learned key/value
     #   slots [prefix_length, heads, head_dim] before every self-attention's keys; 0 = none
     adapter_size: int = 0             # Houlsby et al. 2019 adapters: a bottleneck of this
@@ -87,7 +91,12 @@ class TransformerConfig:
     mlp_dropout_rate: float = 0.0     # inside the feed-forward, after the activation (T5)
 
     scan_layers: bool = False         # nn.scan over layers: compile time flat in depth
-    remat_policy: str = "none"        # none | full | dots | dots_with_no_batch_dims
+    remat_policy: str = "none"        # none | full | dots | dots_with_no_batch_dims |
+    #   save_qkv_proj (keep the q/k/v projections, recompute the rest of a layer) |
+    #   save_qkv_out_proj (and the attention's output projection), as MaxText's policies
+    loss_chunk_tokens: int = 0        # > 0: the output projection and cross entropy run over
+    #   chunks of about this many tokens, each recomputed in the backward pass, so the
+    #   [tokens, vocab] logits never exist at once (T5, GPT, BERT's MLM; losses.py); 0 = off
 
     dtype: str = "float32"            # float32 | bfloat16 (bf16 matmul inputs, float32
     #   accumulation, norms, softmax and loss) | auto (bfloat16 where this device runs it
@@ -170,6 +179,13 @@ class TransformerConfig:
         if self.share_encoder_decoder and self.scan_layers:
             raise ValueError("share_encoder_decoder=True needs scan_layers=False")
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        if self.loss_chunk_tokens < 0:
+            raise ConfigError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
+        if self.loss_chunk_tokens and (self.moe_num_experts or self.universal_act
+                                       or self.output_layer != "softmax"):
+            raise ConfigError("loss_chunk_tokens chunks a plain softmax output layer's loss "
+                              "alone (no mixture-of-experts router loss, no ACT ponder cost, "
+                              "output_layer='softmax'); set loss_chunk_tokens=0")
         if self.prefix_length < 0 or self.adapter_size < 0:
             raise ValueError(f"prefix_length and adapter_size must be >= 0, got "
                              f"{self.prefix_length} and {self.adapter_size}")

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from t2t.nn.adaptive_softmax import AdaptiveSoftmax
-from t2t.nn.attention import causal_mask, combine_masks, prefix_lm_mask, segment_mask
-from t2t.nn.attention_kernels import structured_mask
+from t2t.nn.attention import (OUT_NAME, QKV_NAMES, causal_mask, combine_masks,
+                              prefix_lm_mask, segment_mask)
+from t2t.nn.attention_kernels import cudnn_structure, structured_mask
 from t2t.nn.blocks import TransformerLayer
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
@@ -34,6 +35,10 @@ REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole layer
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # by the names attention.py gives its projections (MaxText's save_qkv_proj and
+    # save_out_proj): everything else in the layer is recomputed
+    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names(*QKV_NAMES),
+    "save_qkv_out_proj": jax.checkpoint_policies.save_only_these_names(*QKV_NAMES, OUT_NAME),
 }
 
 
@@ -69,11 +74,13 @@ class LayerStack(nn.Module):
         cfg = self.config
         shared = cfg.share_layers and cfg.share_layers_in in ("both", self.stack)
         linformer = self.stack == "encoder" and cfg.linformer_k > 0   # t2t/nn/linformer.py
-        if self_bias is not None and not decode and self.num_layers > 1:
+        if (self_bias is not None and not decode and self.num_layers > 1
+                and not cudnn_structure(cfg)):
             # One bias shared by every layer (T5's relative positions) is broadcast over the
             # batch once, here: its gradient then sums the layers' [b, h, q, k] cotangents
             # and reduces over the batch once, instead of once per layer (XLA:CPU's per-layer
             # reductions were measurable in a T5.1.1-base train step: benchmarks/README.md).
+            # cuDNN with attention_structure takes it [1, h, q, k] and reduces it itself.
             self_bias = jnp.broadcast_to(self_bias, (x.shape[0],) + self_bias.shape[1:])
         args = (encoded, self_mask, self_bias, cross_mask, positions, decode_index)
         if cfg.universal_steps:         # one recurrent layer (t2t/nn/universal.py)
