@@ -54,7 +54,8 @@ def _fresh_gin_config():
 # `pytest -n 2` the last minute then holds short tests that both workers share, instead of
 # one worker finishing a 50-second test while the other waits. Order only; nothing else.
 LONGEST_FIRST = ("tests/train/test_resume.py", "tests/train/test_multihost.py",
-                 "tests/ablations/test_runner.py", "tests/test_wheel.py", "tests/test_docs.py",
+                 "tests/ablations/test_runner.py", "tests/ablations/test_gpu_table2.py",
+                 "tests/test_wheel.py", "tests/test_docs.py",
                  "tests/train/test_remote_model_dir.py", "tests/train/test_interrupt.py",
                  "tests/train/test_finetune.py", "tests/nn/test_sharding.py")
 

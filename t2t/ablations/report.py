@@ -177,7 +177,8 @@ def _orderings(grid: Grid, results: Results, our_column: str, fn, paper_column: 
     if len(pretrained) < len(pairs) and pretrained:
         summary += (" Among the pretrained rows alone (the control left out): "
                     + _pairs_summary(pretrained, grid.paper_sd.get(paper_column)) + ".")
-    table = [f"| {a} > {b} | {paper_gap:+.2f} | {our_gap:+.2f} | {our_gap / spread[0]:+.1f} | "
+    table = [f"| {a} > {b} | {paper_gap:+.2f} | {our_gap:+.2f} | "   # seeds all alike: sd 0
+             + (f"{our_gap / spread[0]:+.1f}" if spread[0] else "–") + " | "
              + (f"**{verdict}**" if verdict == "reversed" else verdict) + " |"
              for paper_gap, our_gap, verdict, a, b in sorted(pairs, key=lambda p: -p[0])]
     return [summary, "", "<details><summary>The pairs, by the paper's gap</summary>", "",

@@ -14,6 +14,7 @@ from typing import Callable, Dict
 
 import gin
 
+from t2t.data import bundle
 from t2t.data.catalog import paper
 from t2t.models import base, distill, electra, elmo, families, lightweight, spanbert
 from t2t.nn import config as nn_config
@@ -58,6 +59,10 @@ wrap_model = _register(lightweight.wrap, name="wrap")
 # registered here read `t5_vocabulary.path` / `bert_vocabulary.path` from gin.
 paper.VOCABULARY_PROVIDERS.update(
     t5=_register(paper.t5_vocabulary), bert=_register(paper.bert_vocabulary))
+# The micro scale's data from a bundle (`t2t data bundle`), for a machine that has not built
+# it: `CORPUS = @bundle_corpus()` and `experiment.task = @bundle_task()` (scales/t5_gpu_micro.gin).
+bundle_corpus = _register(bundle.bundle_corpus)
+bundle_task = _register(bundle.bundle_task)
 
 
 # The config classes gin binds, by the library class a family names (`Family.config`).

@@ -123,11 +123,16 @@ SPAM_50 = dataclasses.replace(SPAM_100, n_train=50, validation_as=100)
 GETTEXT_DE_2K = LowResourceSplits("gettext_de", 2000, 500)
 
 
-def low_resource_tasks(vocabulary: Any, prefix: str = "") -> list[FinetuneTask]:
-    """The low-resource tasks (unregistered), tokenizing with `vocabulary`."""
+def low_resource_tasks(vocabulary: Any, prefix: str = "",
+                       sources: Callable[[LowResourceSplits], Callable[[str], Any]] | None = None
+                       ) -> list[FinetuneTask]:
+    """The low-resource tasks (unregistered), tokenizing with `vocabulary`; `sources(spec)`
+    gives a task's split sources where not `spec.source` (the built dataset): a bundle
+    of the records (`t2t.data.bundle`) stands in for it on a machine that has not built it."""
     tok, p = tokenize_text_to_text, functools.partial
+    source = sources or (lambda spec: spec.source)
     en_de = translate_prefix("en", "de")
-    bbc = [FinetuneTask(f"{prefix}bbc_topic_{spec.n_train}", spec.source,
+    bbc = [FinetuneTask(f"{prefix}bbc_topic_{spec.n_train}", source(spec),
                         [offline.bbc_topic_format, tok], vocabulary,
                         (metrics.accuracy, p(macro_f1, num_classes=len(offline.BBC_CATEGORIES))),
                         label_names=offline.BBC_CATEGORIES, encoder_pair_fn=offline.bbc_pair,
@@ -135,7 +140,8 @@ def low_resource_tasks(vocabulary: Any, prefix: str = "") -> list[FinetuneTask]:
                                     f"({spec.n_train // len(offline.BBC_CATEGORIES)} per "
                                     f"class); {spec.n_validation:,} validation articles",
                         input_prefix="topic: ") for spec in (BBC_200, BBC_50)]
-    spam = [FinetuneTask(f"{prefix}spam_{spec.n_train}", spec.source, [offline.spam_format, tok],
+    spam = [FinetuneTask(f"{prefix}spam_{spec.n_train}", source(spec),
+                         [offline.spam_format, tok],
                          vocabulary, (f1_with_invalid, metrics.accuracy),
                          label_names=offline.SPAM_LABELS, encoder_pair_fn=offline.spam_pair,
                          description=f"SpamAssassin from {spec.n_train} labelled e-mails "
@@ -144,7 +150,7 @@ def low_resource_tasks(vocabulary: Any, prefix: str = "") -> list[FinetuneTask]:
             for spec in (SPAM_100, SPAM_50)]
     return [
         *bbc, *spam,
-        FinetuneTask(f"{prefix}gettext_en_de_2k", GETTEXT_DE_2K.source,
+        FinetuneTask(f"{prefix}gettext_en_de_2k", source(GETTEXT_DE_2K),
                      [p(translate_format, source="en", target="de"), tok], vocabulary,
                      (metrics.bleu,), description="software messages English -> German from "
                      "2,000 pairs; 500 validation messages, BLEU", input_prefix=en_de),
