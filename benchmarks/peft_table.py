@@ -38,7 +38,7 @@ def trainable_parameters(method: str) -> tuple:
     from t2t.models.classifiers import SequenceClassifier
     from t2t.run import configurables as configured
     from t2t.run import gin_utils
-    from t2t.run.finetune import minilm_l6_v2_path
+    from t2t.run.vocabularies import minilm_l6_v2_path
     gin_utils.parse(gin_files(method), ["MODEL_DIR = '/tmp/unused'"])
     config, _ = load_bert(minilm_l6_v2_path())
     model = configured.wrap(SequenceClassifier(config, 2))

@@ -235,33 +235,25 @@ def cmd_convert(args) -> int:
     DistilBERT, GPT-2, T5) read and written back by t2t, or a t2t MODEL_DIR (its config.gin
     and latest checkpoint) written as Hugging Face `--model_type` directories."""
     from t2t.convert import pretrained as hf_pretrained
+    from t2t.run import model_dir
     families = ", ".join(hf_pretrained.SUPPORTED)
-    if not os.path.isdir(args.src):
-        raise UserError(f"{args.src!r} does not exist or is not a directory (expected a "
-                        "Hugging Face model directory or a t2t MODEL_DIR)")
-    if os.path.isfile(os.path.join(args.src, "config.json")):
-        models = {"model": hf_pretrained.load_pretrained(args.src)}
-    else:
-        from t2t.run import configurables as configured
-        from t2t.run import gin_utils
-        from t2t.run.finetune import restore_params
-        config_gin = os.path.join(args.src, "config.gin")
-        if not os.path.exists(config_gin):
-            raise UserError(f"{args.src!r} has neither config.json (Hugging Face) nor "
-                            "config.gin (a t2t MODEL_DIR)")
+    if os.path.isdir(args.src) and model_dir.is_t2t_model_dir(args.src) \
+            and not model_dir.is_hf_dir(args.src):
         if not args.model_type:
             raise UserError(f"{args.src!r} is a t2t MODEL_DIR: name the Hugging Face family "
                             f"with --model_type ({families})")
         if args.model_type not in hf_pretrained.SUPPORTED:
             raise UserError(f"--model_type {args.model_type!r} is not supported; choose one "
                             f"of {families}")
-        gin_utils.parse([config_gin], [])
-        params = restore_params(args.src, step=args.step)
-        vocab = params["token_embedder"]["embedding"].shape[0]
-        config = configured.TransformerConfig().replace(vocab_size=vocab)
+    loaded = model_dir.load_model_dir(args.src, step=args.step)
+    if loaded.is_hf:
+        models = {"model": loaded.pretrained}
+    else:
+        from t2t.run import configurables as configured
         generator = configured.generator_config(hf_pretrained.family_of(args.model_type),
-                                                config)
-        models = hf_pretrained.from_t2t(args.model_type, config, params, generator)
+                                                loaded.config)
+        models = hf_pretrained.from_t2t(args.model_type, loaded.config, loaded.params,
+                                        generator)
     for name, model in models.items():
         out = args.out if len(models) == 1 else os.path.join(args.out, name)
         hf_pretrained.save_pretrained(model, out)

@@ -203,8 +203,7 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
     """A row per step (0 = initialisation, then each kept checkpoint of `model_dir`): loss,
     unigram_loss, content_loss, content_unigram_loss (nats per target) and, with
     `probe_task`, probe_accuracy and mean_cosine (on `probe_examples` of each split)."""
-    from t2t.run import finetune
-    from t2t.train.checkpoints import Checkpointer
+    from t2t.train.checkpoints import Checkpointer, checkpoint_dir, restore_params
 
     exp = load_experiment(model_dir)
     heldout = list(itertools.islice(exp.eval_data(), batches))
@@ -215,12 +214,12 @@ def run_curve(model_dir: str, batches: int, probe_task: Optional[str] = None,
     probe = FeatureProbe(exp, probe_task, probe_examples) if probe_task else None
     target = exp.trainer.abstract_init(heldout[0]).params   # also sets the shardings
     scorer = HeldoutScorer(exp.trainer, heldout, content)
-    with Checkpointer(finetune.checkpoint_dir(model_dir), async_save=False) as ckpt:
+    with Checkpointer(checkpoint_dir(model_dir), async_save=False) as ckpt:
         steps = ckpt.all_steps()
     rows = []
     for step in [0] + steps:
         params = (exp.trainer.init_state(heldout[0]).params if step == 0 else
-                  finetune.restore_params(model_dir, target, step, what="MODEL_DIR"))
+                  restore_params(model_dir, target, step, what="MODEL_DIR"))
         loss, content_loss = scorer.score(params)
         row = {"run": model_dir, "step": step, "loss": loss, "unigram_loss": floor,
                "content_loss": content_loss, "content_unigram_loss": content_floor,

@@ -21,18 +21,21 @@ the whole input; perm_mask, target_mapping and mems through `t2t.models.xlnet.XL
 A task head's tree is the parameters of t2t's own fine-tuning head
 (`t2t.convert.hf_heads`, `t2t.models.classifiers`), so `t2t finetune` continues from it.
 `PretrainedModel.hidden_states(input_ids, attention_mask)` equals the family's base class's
-`last_hidden_state` (T5: the encoder's). config.json's `architectures` names the HF class;
-`save_pretrained` writes that class back (a head with its labels). A class t2t does not read
-is one line; one whose own head t2t does not map (GPT2DoubleHeadsModel,
-BertForNextSentencePrediction) is read as the class `HfFamily.read_as` names, said in one
-line (tensors no rule reads are named in one line too); a missing head (AlbertForMaskedLM's
-pooler and SOP head) is initialised and named in one line; a checkpoint without the tensors
-its class needs is one line (`PretrainedError`).
+`last_hidden_state` (T5: the encoder's). `PretrainedModel.vocabulary` is the directory's
+tokenizer as a t2t vocabulary (`t2t.data.hf_tokenizer.load`, read when first asked for;
+None, said in one log line, where the directory has no tokenizer file). config.json's
+`architectures` names the HF class; `save_pretrained` writes that class back (a head with
+its labels). A class t2t does not read is one line; one whose own head t2t does not map
+(GPT2DoubleHeadsModel, BertForNextSentencePrediction) is read as the class
+`HfFamily.read_as` names, said in one line (tensors no rule reads are named in one line
+too); a missing head (AlbertForMaskedLM's pooler and SOP head) is initialised and named in
+one line; a checkpoint without the tensors its class needs is one line (`PretrainedError`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
+import logging
 import os
 from typing import Any, Dict, Optional, Tuple
 
@@ -42,13 +45,18 @@ import numpy as np
 from t2t.convert import hf_bert, hf_encoders, hf_gpt1, hf_gpt2, hf_t5, hf_xlnet
 from t2t.convert.hf_common import (HfFamily, PretrainedError, check_class, class_to_read,
                                    registry_family)
-from t2t.convert.hf_files import CONFIG_FILE, read_safetensors, write_directory
+from t2t.convert.hf_files import CONFIG_FILE, read_json, read_safetensors, write_directory
 from t2t.convert.hf_heads import HEAD_CONFIG_KEYS
 from t2t.convert.rules import CheckpointMismatchError, tree
+from t2t.data import hf_tokenizer
+from t2t.errors import InputFileError
 from t2t.nn.config import TransformerConfig
 
+_log = logging.getLogger(__name__)
+
 __all__ = ["FORMS", "SUPPORTED", "PretrainedError", "PretrainedModel", "family_of",
-           "from_t2t", "load_pretrained", "pretrained", "read_config", "save_pretrained"]
+           "from_t2t", "has_tokenizer_files", "load_pretrained", "pretrained", "read_config",
+           "save_pretrained"]
 
 # model_type -> its converter (config maps, rule tables, HF classes)
 FORMS: Dict[str, HfFamily] = {form.model_type: form for form in (
@@ -82,6 +90,21 @@ class PretrainedModel:
     options: Any = None     # settings outside TransformerConfig (XLNet: XLNetOptions)
     # a task head's config.json labels (id2label, label2id, problem_type), written back
     head_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    directory: Optional[str] = None     # the HF directory it was loaded from, if any
+
+    @functools.cached_property
+    def vocabulary(self):
+        """The checkpoint's tokenizer as a t2t vocabulary (`t2t.data.hf_tokenizer.load`:
+        ids equal to transformers' `AutoTokenizer`), read once when first asked for; None
+        (said in one log line) for a model not loaded from a directory, or a directory
+        without tokenizer files. Tokenizer files t2t cannot read are an InputFileError."""
+        if self.directory is None:
+            return None
+        if not has_tokenizer_files(self.directory):
+            _log.info("%s has no tokenizer files (%s): PretrainedModel.vocabulary is None",
+                      self.directory, ", ".join(hf_tokenizer.TOKENIZER_FILES))
+            return None
+        return hf_tokenizer.load(self.directory)
 
     def logits(self, input_ids, attention_mask=None, token_type_ids=None,
                **inputs) -> np.ndarray:
@@ -114,6 +137,13 @@ class PretrainedModel:
 
 
 # ----------------------------------------------------------------------- load / save
+def has_tokenizer_files(directory) -> bool:
+    """Whether the HF directory holds a tokenizer file `t2t.data.hf_tokenizer.load` reads
+    (one of its `TOKENIZER_FILES`)."""
+    return any(all(os.path.isfile(os.path.join(directory, name)) for name in files.split(" + "))
+               for files in hf_tokenizer.TOKENIZER_FILES)
+
+
 def _read_hf_config(directory: str) -> Dict[str, Any]:
     path = os.path.join(os.fspath(directory), CONFIG_FILE)
     if not os.path.isdir(directory):
@@ -123,10 +153,9 @@ def _read_hf_config(directory: str) -> Dict[str, Any]:
         raise PretrainedError(f"{directory!r} has no config.json (a Hugging Face model "
                               "directory needs config.json and model.safetensors)")
     try:
-        with open(path) as f:
-            d = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PretrainedError(f"{path} is not valid JSON ({e})") from None
+        d = read_json(path)      # not UTF-8 or not JSON: the file and the place, one line
+    except InputFileError as e:
+        raise PretrainedError(e.summary) from None
     if not isinstance(d, dict) or "model_type" not in d:
         raise PretrainedError(f"{path} has no 'model_type'; t2t reads {list(SUPPORTED)}")
     if d["model_type"] not in SUPPORTED:
@@ -180,7 +209,7 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
     options = form.options_from_hf(d) if form.options_from_hf else None
     return PretrainedModel(form.model_type, architecture, config, params,
                            0 if pad is None else int(pad), options,
-                           {k: d[k] for k in HEAD_CONFIG_KEYS if k in d})
+                           {k: d[k] for k in HEAD_CONFIG_KEYS if k in d}, directory)
 
 
 def save_pretrained(model: PretrainedModel, directory) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Dict, Optional, Sequence
 
 import jax
@@ -43,25 +42,21 @@ class EncoderRun:
 
 
 def load_run(model_dir: str, step: Optional[int] = None) -> EncoderRun:
-    """Reads MODEL_DIR/config.gin (the operative config) and the checkpoint's parameters."""
+    """Reads MODEL_DIR/config.gin (the operative config) and the checkpoint's parameters
+    (`t2t.run.model_dir.load_model_dir`)."""
     from t2t.run import configurables as configured
-    from t2t.run import gin_utils
-    from t2t.run.finetune import restore_params
-    config_gin = os.path.join(model_dir, "config.gin")
-    if not os.path.isfile(config_gin):
+    from t2t.run.model_dir import is_t2t_model_dir, load_model_dir
+    if not is_t2t_model_dir(model_dir):
         raise UserError(f"{model_dir!r} has no config.gin: not a t2t MODEL_DIR")
-    params = restore_params(model_dir, step=step)
-    gin_utils.parse([config_gin], [])
-    family = gin_utils.query_macro("MODEL_FAMILY", "bert")
+    loaded = load_model_dir(model_dir, step)
+    family = loaded.family or "bert"
     if not families.get(family).masked_lm:
         encoders = families.names(lambda f: f.masked_lm, variants=False)
         raise UserError(f"{model_dir!r} is a {family!r} run; mlm_eval compares encoders "
                         f"({', '.join(encoders)})")
-    vocab = params["token_embedder"]["embedding"].shape[0]
-    config = configured.TransformerConfig().replace(vocab_size=vocab, dtype="float32",
-                                                    dropout_rate=0.0)
+    config = loaded.config.replace(dtype="float32", dropout_rate=0.0)
     generator = configured.generator_config(family, config)     # ELECTRA's
-    return EncoderRun(model_dir, family, config, params, generator)
+    return EncoderRun(model_dir, family, config, loaded.params, generator)
 
 
 def mlm_logits_fn(run: EncoderRun):

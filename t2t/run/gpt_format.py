@@ -21,8 +21,10 @@ from t2t.errors import UserError
 from t2t.models import families
 from t2t.run import configurables as configured
 from t2t.run import experiment as experiment_lib
-from t2t.run import finetune
+from t2t.run import classifier_experiments
 from t2t.run.configurables import configurable
+from t2t.run.model_dir import is_hf_dir
+from t2t.train.checkpoints import restore_params
 from t2t.train.trainer import Trainer
 
 # The head each input format uses: one score per row (softmax over the rows) for multiple
@@ -32,7 +34,7 @@ COMBINE = {"classification": "sum", "entailment": "sum", "similarity": "sum",
 
 
 @dataclasses.dataclass
-class GptFormatExperiment(finetune.ChoiceExperiment):
+class GptFormatExperiment(classifier_experiments.ChoiceExperiment):
     """Features in GPT-1's input format; evaluation as `ChoiceExperiment` (the task's
     metrics of the argmax over classes or choices)."""
 
@@ -69,7 +71,7 @@ def gpt_trunk(pretrained: Optional[str], vocab: Any) -> tuple[Any, Any]:
     or openai-gpt directory, a t2t GPT MODEL_DIR (config from the TransformerConfig
     bindings, vocabulary size from `vocab` as pretraining set it), or None (no
     pretraining: the bindings, fresh weights)."""
-    if pretrained is not None and finetune.is_hf_dir(pretrained):
+    if pretrained is not None and is_hf_dir(pretrained):
         from t2t.convert import pretrained as hf_pretrained
         loaded = hf_pretrained.load_pretrained(pretrained)
         if "gpt_format" not in families.get(hf_pretrained.family_of(loaded.model_type)).heads:
@@ -81,7 +83,7 @@ def gpt_trunk(pretrained: Optional[str], vocab: Any) -> tuple[Any, Any]:
     config = configured.TransformerConfig()
     if config.vocab_size != vocab.padded_vocab_size:
         config = config.replace(vocab_size=vocab.padded_vocab_size)
-    params = None if pretrained is None else finetune.restore_params(pretrained)
+    params = None if pretrained is None else restore_params(pretrained)
     return config, params
 
 
@@ -113,7 +115,8 @@ def gpt_format_experiment(task: str = gin.REQUIRED, batch_size: int = gin.REQUIR
     outputs = num_choices if combine == "choice" else len(task_obj.label_names)
     model = GptFormatClassifier(model_cfg, outputs, combine, lm_weight, classifier_dropout,
                                 pretrained=trunk_params)
-    size = min(finetune.train_size(task_obj), max_train_examples or finetune.train_size(task_obj))
+    size = min(classifier_experiments.train_size(task_obj),
+               max_train_examples or classifier_experiments.train_size(task_obj))
     train_cfg = configured.TrainConfig()
     trainer = (trainer_fn(model, train_cfg, task_obj, batch_size, size) if trainer_fn
                else experiment_lib.make_trainer(model, train_cfg))

@@ -11,6 +11,10 @@ an abstract target (``jax.ShapeDtypeStruct`` leaves *with shardings*), so a chec
 written on one mesh restores onto any other; stored shapes and dtypes are checked against
 the target first, with an error naming every mismatching parameter.
 
+``restore_params`` reads the parameters alone of one step (no optimizer or data state),
+as numpy or onto a sharded target: a fine-tuning's initial checkpoint, a run to evaluate
+or convert. ``latest_step`` and ``checkpoint_dir`` find the step and the directory.
+
 A step directory that cannot be read (truncated or corrupt files) is never deleted:
 ``set_aside`` renames it ``N.unreadable`` (a name orbax does not take for a step), so that
 training resumes from an older step and saves step N again beside the damaged copy. A save
@@ -22,6 +26,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
 from typing import Any, Optional
 
 import jax
@@ -356,3 +361,54 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+
+# ----------------------------------------------------------------------------- parameters
+def checkpoint_dir(path: str) -> str:
+    """`path/checkpoints` for a t2t MODEL_DIR, else `path` itself (local or gs://)."""
+    sub = os.path.join(path, "checkpoints")
+    return sub if storage.path(sub).is_dir() else path
+
+
+def is_step_dir(path: str) -> bool:
+    """Whether `path` is one step of a t2t checkpoints directory (`.../checkpoints/<step>`)."""
+    where = storage.path(path)
+    return where.name.isdigit() and (where / STATE).is_dir()
+
+
+def latest_step(ckpt_dir: str) -> Optional[int]:
+    """The newest complete step in a checkpoints directory (None: none, or no directory)."""
+    if not storage.path(ckpt_dir).is_dir():
+        return None
+    with Checkpointer(ckpt_dir, async_save=False) as ckpt:
+        return ckpt.latest_step()
+
+
+def restore_params(path: str, target: Optional[PyTree] = None, step: Optional[int] = None,
+                   what: str = "initial checkpoint") -> PyTree:
+    """The parameters of a t2t checkpoint's `step` (default: the latest, or the step `path`
+    names when it is `MODEL_DIR/checkpoints/<step>`), without optimizer or data state.
+    `path`: a MODEL_DIR, its `checkpoints/`, or one step of it. `target`: abstract params
+    with shardings (shapes and dtypes are checked, every mismatch named, `what` names the
+    checkpoint); None restores the stored tree as numpy arrays."""
+    ckpt_dir = checkpoint_dir(path)
+    if step is None and is_step_dir(path):      # MODEL_DIR/checkpoints/<step>: that step
+        ckpt_dir, step = str(storage.path(path).parent), int(storage.path(path).name)
+    step = latest_step(ckpt_dir) if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no t2t checkpoint in {path!r} (expected a MODEL_DIR with "
+                                "checkpoints/<step>/ or a Hugging Face directory)")
+    state_dir = storage.path(ckpt_dir) / str(step) / STATE
+    stored = ocp.StandardCheckpointer().metadata(state_dir)
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)["params"]
+    if target is None:
+        target = jax.tree.map(lambda m: np.zeros((), m.dtype), stored)
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    else:
+        check_compatible(stored, target, where=f"{what} {path} (step {step})")
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
+        item={"params": target}, restore_args={"params": restore_args}, partial_restore=True))
+    return restored["params"]

@@ -507,7 +507,7 @@ ablation.control = '2 steps'
 
 
 def test_a_control_row_and_a_learning_curve_share_one_pretraining(tmp_path):
-    from t2t.run.finetune import restore_params
+    from t2t.train.checkpoints import restore_params
     path = tmp_path / "curve.gin"
     path.write_text(CURVE)
     out, docs = tmp_path / "runs", tmp_path / "docs"

@@ -38,7 +38,7 @@ def _restored(model_dir):
     vocabulary size is the task's, as in training) and latest checkpoint."""
     from t2t.run import configurables as configured
     from t2t.run import gin_utils
-    from t2t.run.finetune import restore_params
+    from t2t.train.checkpoints import restore_params
     params = restore_params(str(model_dir))
     gin_utils.parse([str(model_dir / "config.gin")], [])
     vocab = params["token_embedder"]["embedding"].shape[0]

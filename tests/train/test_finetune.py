@@ -13,6 +13,8 @@ import pytest
 from t2t.run import gin_utils
 from t2t.cli import main
 from t2t.run import finetune
+from t2t.run.array_batches import ArrayBatches
+from t2t.train.checkpoints import latest_step, restore_params
 from t2t.train.trainer import fit
 
 T5_TEST = "models/t5/1_1/test.gin"
@@ -57,7 +59,7 @@ def test_initial_params_are_the_checkpoints(pretrained, tmp_path):
     exp = finetune.finetune_experiment()
     assert isinstance(exp.trainer, finetune.FinetuneTrainer)
     state = exp.trainer.init_state(next(exp.data()))
-    stored = finetune.restore_params(pretrained)            # numpy, the stored tree
+    stored = restore_params(pretrained)            # numpy, the stored tree
     assert int(state.step) == 0
     got, want = jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(stored)
     assert len(got) == len(want)
@@ -98,12 +100,12 @@ def test_shape_mismatch_fails_clearly(pretrained, tmp_path):
     with pytest.raises(ValueError, match=r"(?s)initial checkpoint .*step 1.*encoder/layers/"
                                          r"layer_0/mlp/wi_0/kernel: checkpoint \(32, 64\) vs "
                                          r"model \(32, 48\)"):
-        finetune.restore_params(pretrained, target)
+        restore_params(pretrained, target)
 
 
 def test_missing_initial_checkpoint_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="no t2t checkpoint"):
-        finetune.restore_params(str(tmp_path))
+        restore_params(str(tmp_path))
 
 
 def test_eval_cli_writes_json_and_markdown(finetuned, tmp_path, capsys):
@@ -168,13 +170,13 @@ def test_epochs_to_steps_and_schedule_overrides():
 
 def test_array_batches_cover_epochs_and_resume():
     features = {"x": np.arange(10), "y": np.arange(10) * 2}
-    it = finetune.ArrayBatches(features, 4, seed=0)
+    it = ArrayBatches(features, 4, seed=0)
     first = [next(it)["x"] for _ in range(5)]                # 20 rows = 2 epochs
     assert sorted(np.concatenate(first[:2]).tolist() + first[2][:2].tolist()) == list(range(10))
     it.set_state({"position": 8})
     np.testing.assert_array_equal(next(it)["x"], first[2])
-    assert np.all(next(finetune.ArrayBatches(features, 4, 0))["y"]
-                  == 2 * next(finetune.ArrayBatches(features, 4, 0))["x"])
+    assert np.all(next(ArrayBatches(features, 4, 0))["y"]
+                  == 2 * next(ArrayBatches(features, 4, 0))["x"])
 
 
 def _tiny_hf_bert_paraphrase(tmp_path, extra_gin=()):
@@ -418,7 +420,7 @@ def test_eval_without_a_config_says_what_to_give(tmp_path, capsys, flags, said):
 def test_a_resumed_run_reads_its_own_config(finetuned, capsys):
     """`t2t finetune --gin.MODEL_DIR=...` alone resumes the run as it was configured (a
     command-line binding on top: one more step)."""
-    step = finetune.latest_step(os.path.join(finetuned, "checkpoints"))
+    step = latest_step(os.path.join(finetuned, "checkpoints"))
     assert main(["finetune", f"--gin.MODEL_DIR={finetuned}", f"--gin.TRAIN_STEPS={step + 1}",
                  "--split", "test", "--gin=evaluate_experiment.max_examples = 8",
                  "--gin=evaluate_experiment.batch_size = 8"]) == 0

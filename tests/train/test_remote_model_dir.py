@@ -12,8 +12,8 @@ from t2t import storage
 from t2t.run import gin_utils
 from t2t.errors import UserError
 from t2t.train import evaluator, run_lock
-from t2t.run import experiment, finetune
-from t2t.train.checkpoints import Checkpointer
+from t2t.run import experiment
+from t2t.train.checkpoints import Checkpointer, restore_params
 from t2t.train.metrics_log import read_metrics, read_tensorboard_scalars
 from t2t.train.trainer import restore_newest_readable
 from tests.train.gcs_emulator import emulated_gcs
@@ -65,7 +65,7 @@ def test_a_training_run_lives_in_the_bucket_and_resumes_from_it(bucket, tmp_path
     scalars = read_tensorboard_scalars(f"{model_dir}/tensorboard")
     assert [step for step, _ in scalars["loss"]] == [1, 2, 3]   # two event files, one per run
     assert Checkpointer(f"{model_dir}/checkpoints", async_save=False).all_steps() == [2, 3]
-    restored = finetune.restore_params(model_dir)
+    restored = restore_params(model_dir)
     jax.tree.map(np.testing.assert_array_equal, restored, jax.device_get(result.state.params))
     assert list(tmp_path.iterdir()) == []
 
