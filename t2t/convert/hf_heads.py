@@ -14,6 +14,10 @@ is `pre_classifier`), and reads its first token the way its entry in `t2t.models
 says (`Family.head_styles`: tanh, gelu or relu, dropout first or not). `with_heads` adds a
 family's head classes to its `HfFamily`. The label count is the checkpoint's (its output
 tensor's rows); config.json's labels (`HEAD_CONFIG_KEYS`) are written back as they were read.
+A checkpoint without its head tensors (a base model saved under a head class) raises
+`MissingHeadError`; read again with config.json's label count (`config_labels`: id2label,
+num_labels, else transformers' 2), the head it lacks is initialised and named in one log
+line, as transformers initialises it.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import numpy as np
 
 from t2t.convert.hf_common import HfFamily, registry_family
 from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, dense,
-                               export_params, import_params, tree)
+                               export_params, import_params, initialise, merge, tree)
 from t2t.models import classifiers, families
 from t2t.nn.config import TransformerConfig
 
@@ -39,6 +43,10 @@ OUTPUT = {"SequenceClassification": "classifier", "MultipleChoice": "classifier"
           "TokenClassification": "tagger", "QuestionAnswering": "qa_outputs"}
 # config.json keys of a head class that t2t carries through (`PretrainedModel.head_config`)
 HEAD_CONFIG_KEYS = ("id2label", "label2id", "problem_type")
+# outputs of the heads whose count is not the labels'; transformers' label count where
+# config.json names none
+FIXED_OUTPUTS = {"MultipleChoice": 1, "QuestionAnswering": 2}
+DEFAULT_LABELS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +94,42 @@ def num_outputs(params: Params, architecture: str, heads: TaskHeads) -> int:
     return int(tree(params)[OUTPUT[heads.suffix(architecture)]]["dense"]["kernel"].shape[-1])
 
 
+class MissingHeadError(CheckpointMismatchError):
+    """A head class's checkpoint without its output tensor: read it again with the label
+    count (`config_labels`) and the head is initialised."""
+
+
+def config_labels(hf_config: Mapping[str, Any]) -> Tuple[int, str]:
+    """(label count, where it comes from) of a head class's config.json: its `id2label`,
+    else `num_labels`, else transformers' default (2, which it leaves out of config.json)."""
+    if hf_config.get("id2label"):
+        return len(hf_config["id2label"]), "config.json's id2label"
+    if hf_config.get("num_labels"):
+        return int(hf_config["num_labels"]), "config.json's num_labels"
+    return DEFAULT_LABELS, "transformers' default"
+
+
 def import_head(heads: TaskHeads, state: StateDict, c: TransformerConfig, architecture: str,
-                scan: Optional[bool] = None) -> Params:
-    """A head class's state dict -> t2t's fine-tuning tree (labels as the checkpoint has)."""
-    name = f"{heads.output_name(heads.suffix(architecture))}.weight"
-    if name not in state:
-        raise CheckpointMismatchError(f"this {architecture} checkpoint has no {name!r}")
-    return import_params(state, heads.rules(architecture, c, int(np.shape(state[name])[0])), c,
-                         scan)
+                scan: Optional[bool] = None,
+                labels: Optional[Tuple[int, str]] = None) -> Params:
+    """A head class's state dict -> t2t's fine-tuning tree (labels as the checkpoint has).
+    Without its output tensor: MissingHeadError, or, given `labels` (`config_labels`), the
+    head tensors it lacks initialised (`t2t.convert.rules.initialise`, one log line)."""
+    suffix = heads.suffix(architecture)
+    name = f"{heads.output_name(suffix)}.weight"
+    if name in state:
+        return import_params(state, heads.rules(architecture, c, int(np.shape(state[name])[0])),
+                             c, scan)
+    if labels is None:
+        raise MissingHeadError(f"this {architecture} checkpoint has no {name!r}")
+    outputs = FIXED_OUTPUTS.get(suffix, labels[0])
+    rules = heads.rules(architecture, c, outputs)
+    head = rules[len(heads.trunk(c)):]
+    missing = [r for r in head if not any(n in state for n in (r.hf, *r.aliases))]
+    kept = [r for r in rules if all(r is not m for m in missing)]
+    counted = "" if suffix in FIXED_OUTPUTS else f", {outputs} labels from {labels[1]}"
+    return merge(import_params(state, kept, c, scan),
+                 initialise(missing, c, f"{architecture} head ({name}{counted})"))
 
 
 def export_head(heads: TaskHeads, params: Params, c: TransformerConfig,
@@ -153,10 +189,10 @@ def with_heads(form: HfFamily, heads: TaskHeads, hf_config: Callable[[Any], dict
     """`form` reading and writing `heads`' classes too: `hf_config(model)` is the family's
     config.json of `model.architecture`; `after_import` / `before_export` adjust the tree
     (ALBERT's shared layer); `scan` as `import_params`'."""
-    def params_from_hf(state, config, architecture):
+    def params_from_hf(state, config, architecture, labels=None):
         if architecture not in heads.classes:
             return form.params_from_hf(state, config, architecture)
-        return after_import(import_head(heads, state, config, architecture, scan))
+        return after_import(import_head(heads, state, config, architecture, scan, labels))
 
     def to_hf(model):
         if model.architecture not in heads.classes:

@@ -28,8 +28,9 @@ None, said in one log line, where the directory has no tokenizer file). config.j
 its labels). A class t2t does not read is one line; one whose own head t2t does not map
 (GPT2DoubleHeadsModel, BertForNextSentencePrediction) is read as the class
 `HfFamily.read_as` names, said in one line (tensors no rule reads are named in one line
-too); a missing head (AlbertForMaskedLM's pooler and SOP head) is initialised and named in
-one line; a checkpoint without the tensors its class needs is one line (`PretrainedError`).
+too); a missing head (AlbertForMaskedLM's pooler and SOP head; a task head class's head,
+its labels from config.json as transformers counts them) is initialised and named in one
+line; a checkpoint without the tensors its class needs is one line (`PretrainedError`).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from t2t.convert import hf_bert, hf_encoders, hf_gpt1, hf_gpt2, hf_t5, hf_xlnet
 from t2t.convert.hf_common import (HfFamily, PretrainedError, check_class, class_to_read,
                                    registry_family)
 from t2t.convert.hf_files import CONFIG_FILE, read_json, read_safetensors, write_directory
-from t2t.convert.hf_heads import HEAD_CONFIG_KEYS
+from t2t.convert.hf_heads import HEAD_CONFIG_KEYS, MissingHeadError, config_labels
 from t2t.convert.rules import CheckpointMismatchError, tree
 from t2t.data import hf_tokenizer
 from t2t.errors import InputFileError
@@ -202,7 +203,10 @@ def load_pretrained(directory, **overrides) -> PretrainedModel:
         except ValueError as e:
             raise PretrainedError(f"{form.model_type} config.json: {e}") from None
     try:
-        params = form.params_from_hf(state, config, architecture)
+        try:
+            params = form.params_from_hf(state, config, architecture)
+        except MissingHeadError:    # a head class's form: its head initialised
+            params = form.params_from_hf(state, config, architecture, config_labels(d))
     except CheckpointMismatchError as e:
         raise PretrainedError(f"{directory} is not a {architecture} t2t can read: {e}") from None
     pad = d.get("pad_token_id")

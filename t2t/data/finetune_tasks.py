@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from t2t.data.converters import FeatureConverter
+from t2t.data.hf_tokenizer import row_layout
 from t2t.data.pipeline import BatchIterator, make_pipeline
 from t2t.data.preprocessors import SkipExample
 from t2t.data.sources import SPLITS, InvalidRecord, RandomAccessSource
@@ -348,7 +349,9 @@ def classification_examples(task: str | FinetuneTask, split: str, vocabulary: An
                             ) -> dict[str, np.ndarray]:
     """A classification task's split as BERT encoder features (numpy).
 
-    ``[CLS] a [SEP] (b [SEP])`` with WordPiece ``vocabulary``, longest-first truncation to
+    ``[CLS] a [SEP] (b [SEP])`` with a WordPiece ``vocabulary``, or whatever special tokens
+    and token types its tokenizer puts around one text or two (``<s> a </s></s> b </s>``
+    for RoBERTa's; `t2t.data.hf_tokenizer.row_layout`), longest-first truncation to
     ``max_length``: ``encoder_input_tokens``, ``encoder_segment_ids`` (1 on tokens),
     ``token_type_ids`` [n, max_length] int32 and ``label`` [n] int32 (``target`` [n]
     float32 for a regression task such as STS-B).
@@ -364,14 +367,13 @@ def classification_examples(task: str | FinetuneTask, split: str, vocabulary: An
     tokens = np.full((len(pairs), max_length), vocabulary.pad_id, np.int32)
     types_ = np.zeros((len(pairs), max_length), np.int32)
     segments = np.zeros((len(pairs), max_length), np.int32)
+    layout = row_layout(vocabulary)     # the tokenizer's own special tokens and types
     for row, ((_, b, _), a_tok, b_tok) in enumerate(zip(pairs, a_ids, b_ids)):
-        cls, sep = [vocabulary.cls_id], [vocabulary.sep_id]
         if b is None:
-            ids, kinds = cls + a_tok[:max_length - 2] + sep, []
+            ids, kinds = layout.build(a_tok[:max_length - layout.added()])
         else:
-            la, lb = truncate_pair(len(a_tok), len(b_tok), max_length - 3)
-            ids = cls + a_tok[:la] + sep + b_tok[:lb] + sep
-            kinds = [0] * (la + 2) + [1] * (lb + 1)
+            la, lb = truncate_pair(len(a_tok), len(b_tok), max_length - layout.added(True))
+            ids, kinds = layout.build(a_tok[:la], b_tok[:lb])
         tokens[row, :len(ids)] = ids
         segments[row, :len(ids)] = 1
         types_[row, :len(kinds)] = kinds

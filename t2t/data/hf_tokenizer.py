@@ -170,6 +170,82 @@ class HfTokenizerVocabulary(Vocabulary):
         return self._tok.token_to_id(token)
 
 
+# ----------------------------------------------------------------------------- rows
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+    """Where a tokenizer puts its special tokens around one text (`single`) or two
+    (`pair`), as transformers' `tokenizer(a)` / `tokenizer(a, b)` do: each a tuple of
+    (part, token type id), a part being a special token's id or "a" / "b" (that text's
+    ids). `[CLS] a [SEP] b [SEP]` (types 0, 0, 0, 1, 1) for BERT's WordPiece, `<s> a </s>
+    </s> b </s>` (types 0) for RoBERTa's BPE."""
+
+    single: tuple
+    pair: tuple
+
+    def added(self, pair: bool = False) -> int:
+        """How many special tokens a row of one text (two with `pair`) gets."""
+        return sum(not isinstance(part, str) for part, _ in (self.pair if pair else self.single))
+
+    def start_of_b(self, len_a: int) -> int:
+        """Where the second text's ids begin in a pair row whose first text has `len_a`."""
+        before = self.pair[:[part for part, _ in self.pair].index("b")]
+        return sum(len_a if part == "a" else 1 for part, _ in before)
+
+    def build(self, a: Sequence[int], b: Optional[Sequence[int]] = None
+              ) -> tuple[list[int], list[int]]:
+        """(input_ids, token_type_ids) of the ids `a` (and `b`) with the special tokens."""
+        texts = {"a": list(a), "b": None if b is None else list(b)}
+        ids: list[int] = []
+        types: list[int] = []
+        for part, kind in (self.single if b is None else self.pair):
+            piece = texts[part] if isinstance(part, str) else [part]
+            ids += piece
+            types += [kind] * len(piece)
+        return ids, types
+
+
+PROBES = ("a", "b")   # two texts whose ids are no special token's
+
+
+def row_layout(vocabulary: Any) -> RowLayout:
+    """The `RowLayout` of a vocabulary with `encode(text, add_special_tokens=)` and
+    `encode_pair(a, b)` (t2t's `WordPieceVocabulary`, `HfTokenizerVocabulary`), read off
+    how it encodes two probe texts, so rows follow the tokenizer's own post-processor."""
+    a, b = (vocabulary.encode(t, add_special_tokens=False) for t in PROBES)
+    single = vocabulary.encode(PROBES[0])
+    ids, types = vocabulary.encode_pair(*PROBES)
+    return RowLayout(tuple((p, 0) for p in layout_parts(single, a)),
+                     tuple(zip(layout_parts(ids, a, b), kinds_of(ids, types, a, b))))
+
+
+def layout_parts(ids: Sequence[int], a: Sequence[int], b: Sequence[int] = ()) -> list:
+    """`ids` with the first run of `a` (and the next run of `b` after it) as "a" / "b"."""
+    parts: list = []
+    i = 0
+    for name, run in (("a", list(a)), ("b", list(b))):
+        if not run:
+            continue
+        j = next((k for k in range(i, len(ids) - len(run) + 1)
+                  if list(ids[k:k + len(run)]) == run), None)
+        if j is None:
+            raise ValueError(f"the probe text's ids {run} are not in its encoding {list(ids)}")
+        parts += [*ids[i:j], name]
+        i = j + len(run)
+    return parts + list(ids[i:])
+
+
+def kinds_of(ids: Sequence[int], types: Sequence[int], a: Sequence[int],
+             b: Sequence[int]) -> list[int]:
+    """The token type id of each part `layout_parts(ids, a, b)` gives."""
+    kinds, i = [], 0
+    for part in layout_parts(ids, a, b):
+        kinds.append(types[i])
+        i += len(a) if part == "a" else len(b) if part == "b" else 1
+    return kinds
+
+
 # ----------------------------------------------------------------------------- the directory
 
 
@@ -519,5 +595,5 @@ STYLES: Dict[str, TokenizerStyle] = {
 }
 
 
-__all__ = ["load", "HfTokenizerVocabulary", "HfWordPieceVocabulary", "TOKENIZER_FILES",
-           "clean_up_tokenization"]
+__all__ = ["load", "HfTokenizerVocabulary", "HfWordPieceVocabulary", "RowLayout",
+           "TOKENIZER_FILES", "clean_up_tokenization", "row_layout"]

@@ -2,9 +2,10 @@
 
 A record is a context and N candidate endings (``{"context", "endings", "label"}``): each
 (context, ending) pair becomes one ``[CLS] context [SEP] ending [SEP]`` row (sentence A /
-B), longest-first truncated to ``max_length``; the model scores each row from its [CLS]
-vector and a softmax over the N scores picks the ending (`t2t.models.classifiers.
-MultipleChoice`).
+B; a Hugging Face tokenizer's own special tokens and types, `t2t.data.hf_tokenizer.
+row_layout`: ``<s> context </s></s> ending </s>`` for RoBERTa's), longest-first truncated
+to ``max_length``; the model scores each row from its first token's vector and a softmax
+over the N scores picks the ending (`t2t.models.classifiers.MultipleChoice`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from t2t.data.finetune_tasks import text, texts, truncate_pair
+from t2t.data.hf_tokenizer import row_layout
 from t2t.errors import UserError
 
 
@@ -40,14 +42,14 @@ def choice_features(records: Sequence[Mapping[str, Any]], vocabulary: Any,
     contexts = vocabulary.encode_batch([p[0] for p in parsed], add_special_tokens=False)
     endings = vocabulary.encode_batch([e for p in parsed for e in p[1]],
                                       add_special_tokens=False)
-    cls, sep = [vocabulary.cls_id], [vocabulary.sep_id]
+    layout = row_layout(vocabulary)     # the tokenizer's own special tokens and types
     for row, a in enumerate(contexts):
         for choice in range(c):
             b = endings[row * c + choice]
-            la, lb = truncate_pair(len(a), len(b), max_length - 3)
-            ids = cls + a[:la] + sep + b[:lb] + sep
+            la, lb = truncate_pair(len(a), len(b), max_length - layout.added(True))
+            ids, kinds = layout.build(a[:la], b[:lb])
             tokens[row, choice, :len(ids)] = ids
             segments[row, choice, :len(ids)] = 1
-            types[row, choice, la + 2:len(ids)] = 1
+            types[row, choice, :len(ids)] = kinds
     return {"encoder_input_tokens": tokens, "encoder_segment_ids": segments,
             "token_type_ids": types, "label": np.asarray([p[2] for p in parsed], np.int32)}

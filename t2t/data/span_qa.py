@@ -1,6 +1,8 @@
 """SQuAD as BERT span features (Devlin et al. 2019, sec. 4.2; the reference run_squad.py).
 
-Each question becomes ``[CLS] question [SEP] context window [SEP]`` rows: the question cut
+Each question becomes ``[CLS] question [SEP] context window [SEP]`` rows (a Hugging Face
+tokenizer's own special tokens and types, `t2t.data.hf_tokenizer.row_layout`: ``<s>
+question </s></s> window </s>`` for RoBERTa's): the question cut
 to ``max_query_length`` WordPiece tokens, the context split into windows that start every
 ``doc_stride`` tokens (as the reference's doc spans). The answer is the (start, end) token
 pair covering its characters, or (0, 0) -- the [CLS] -- in a window that does not hold it
@@ -21,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from t2t.data.finetune_tasks import text, texts
+from t2t.data.hf_tokenizer import row_layout
 
 NO_SPAN = (-1, -1)   # the character span of a token outside the context
 
@@ -96,6 +99,7 @@ def span_features(records: Iterable[Mapping[str, Any]], vocabulary: Any, *,
     their context (as the reference), and unanswerable ones unless ``with_negatives``
     (SQuAD 2.0: their windows all point at the [CLS]); otherwise every question is kept."""
     rows: dict[str, list] = {k: [] for k in ("tokens", "types", "start", "end", "offsets")}
+    layout = row_layout(vocabulary)     # the tokenizer's own special tokens and types
     example_index, contexts, answers = [], [], []
     for rec in map(squad_record, records):
         chars = answer_chars(rec)
@@ -104,19 +108,19 @@ def span_features(records: Iterable[Mapping[str, Any]], vocabulary: Any, *,
         question = vocabulary.encode(rec.question, add_special_tokens=False)[:max_query_length]
         ids, offsets = vocabulary.encode_with_offsets(rec.context)
         answer = None if chars is None else _token_span(offsets, chars)
-        room = max_length - len(question) - 3
+        room = max_length - len(question) - layout.added(True)
         if room <= 0:
             raise ValueError(f"max_length {max_length} leaves no room for the context after "
                              f"a {len(question)}-token question")
-        head = [vocabulary.cls_id] + question + [vocabulary.sep_id]
+        head = layout.start_of_b(len(question))     # where the window begins in a row
         for start in window_starts(len(ids), room, doc_stride):
             stop = min(start + room, len(ids))
-            tokens = head + ids[start:stop] + [vocabulary.sep_id]
-            types = [0] * len(head) + [1] * (stop - start + 1)
-            spans = [NO_SPAN] * len(head) + offsets[start:stop] + [NO_SPAN]
+            tokens, types = layout.build(question, ids[start:stop])
+            spans = ([NO_SPAN] * head + offsets[start:stop]
+                     + [NO_SPAN] * (len(tokens) - head - (stop - start)))
             s = e = 0
             if answer is not None and start <= answer[0] and answer[1] < stop:
-                s, e = (answer[0] - start + len(head), answer[1] - start + len(head))
+                s, e = (answer[0] - start + head, answer[1] - start + head)
             pad = max_length - len(tokens)
             rows["tokens"].append(tokens + [vocabulary.pad_id] * pad)
             rows["types"].append(types + [0] * pad)

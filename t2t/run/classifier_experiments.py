@@ -1,13 +1,13 @@
-"""The classifier experiments of fine-tuning: BERT-style heads over WordPiece rows.
+"""The classifier experiments of fine-tuning: BERT-style heads over BERT-style rows.
 
 `classifier_experiment` (a `SequenceClassifier`, or a `Regressor` for a regression task),
 `span_qa_experiment` (SQuAD v1.1 / v2.0), `tagging_experiment` (CoNLL NER),
 `multiple_choice_experiment` (SWAG) and `bert_files_experiment` (whichever of these a task
 over your files needs) are gin configurables; each builds a `ClassifierExperiment` (or its
 subclass, which scores its own splits) whose trainer `t2t.run.finetune.finetune_experiment`
-supplies. The trunk's config and WordPiece come from a Hugging Face directory or the
-TransformerConfig bindings and a vocab.txt (`bert_trunk`); the head is the family's
-(`family_head`, `t2t.models.families`).
+supplies. The trunk's config and vocabulary come from a Hugging Face directory of BERT or
+a successor (its own tokenizer) or the TransformerConfig bindings and a vocab.txt
+(`bert_trunk`); the head is the family's (`family_head`, `t2t.models.families`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from t2t.run import experiment as experiment_lib
 from t2t.run.array_batches import ArrayBatches
 from t2t.run.configurables import configurable
 from t2t.run.model_dir import hf_family
-from t2t.run.vocabularies import wordpiece_vocabulary
+from t2t.run.vocabularies import hf_vocabulary, wordpiece_vocabulary
 from t2t.train import evaluator
 from t2t.train.trainer import Trainer
 
@@ -71,26 +71,35 @@ class ClassifierExperiment(experiment_lib.Experiment):
                             else process_count)
 
 
+def reads_bert_rows(family: str) -> bool:
+    """Whether the family's encoder reads BERT's encoder features, the rows these
+    experiments build (BERT, RoBERTa, ALBERT, ELECTRA, SpanBERT, DistilBERT; not XLNet)."""
+    from t2t.data.converters import EncoderConverter
+    return issubclass(families.get(family).converter, EncoderConverter)
+
+
 def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: bool,
                family: str = "bert") -> tuple[Any, Any]:
-    """(TransformerConfig, WordPieceVocabulary) of a fine-tuning over WordPiece rows: from the
-    Hugging Face directory `pretrained` (BERT, ELECTRA, DistilBERT: a WordPiece family),
-    else the TransformerConfig bindings and `vocabulary` (a vocab.txt;
-    `t2t.run.vocabularies.wordpiece_vocabulary`). A `family` whose own vocabulary is not
-    WordPiece (XLNet: its heads over the same rows) reads only t2t MODEL_DIRs."""
+    """(TransformerConfig, vocabulary) of a fine-tuning over BERT-style rows: from the
+    Hugging Face directory `pretrained` (any family whose encoder reads them: BERT,
+    RoBERTa, ALBERT, ELECTRA, DistilBERT) its config and its own tokenizer
+    (`t2t.run.vocabularies.hf_vocabulary`: ids as transformers' AutoTokenizer's, rows with
+    its special tokens), else the TransformerConfig bindings and `vocabulary` (a vocab.txt;
+    `t2t.run.vocabularies.wordpiece_vocabulary`). A head `family` whose rows are its own
+    (XLNet's) reads only t2t MODEL_DIRs."""
     from t2t.convert import pretrained as hf_pretrained
     source = hf_family(pretrained)
-    from_hf = source is not None
-    for fam in ([families.get(family), families.get(source)] if from_hf else []):
-        if fam.tokenizer != "wordpiece":
-            raise ConfigError(f"{pretrained!r} is a Hugging Face directory: {fam.title} "
-                              f"fine-tuning starts from a t2t {fam.title} MODEL_DIR")
-    if from_hf:
-        model_cfg = hf_pretrained.read_config(pretrained)[1]
-    else:
-        model_cfg = configured.TransformerConfig()
-    wordpiece = wordpiece_vocabulary(vocabulary, lowercase, pretrained if from_hf else None)
-    if not from_hf and model_cfg.vocab_size != wordpiece.padded_vocab_size:
+    if source is not None:
+        for name in (family, source):
+            if not reads_bert_rows(name):
+                title, given = families.get(name).title, families.get(source).title
+                raise ConfigError(f"{pretrained!r} is a Hugging Face {given} directory: "
+                                  f"{title} fine-tuning starts from a t2t {title} MODEL_DIR")
+        return (hf_pretrained.read_config(pretrained)[1],
+                hf_vocabulary(pretrained, vocabulary))
+    model_cfg = configured.TransformerConfig()
+    wordpiece = wordpiece_vocabulary(vocabulary, lowercase)
+    if model_cfg.vocab_size != wordpiece.padded_vocab_size:
         # as `experiment()` did when pretraining on this vocabulary
         model_cfg = model_cfg.replace(vocab_size=wordpiece.padded_vocab_size)
     return model_cfg, wordpiece

@@ -1,5 +1,6 @@
-"""The WordPiece vocabularies fine-tuning reads, and the gin configurables that name them.
+"""The vocabularies fine-tuning reads, and the gin configurables that name them.
 
+`hf_vocabulary(hf_dir)`: a Hugging Face directory's own tokenizer (`t2t.data.hf_tokenizer`).
 `wordpiece_vocabulary(vocabulary, lowercase, hf_dir)`: a vocab.txt of your own, or a Hugging
 Face directory's (its tokenizer_config.json's `do_lower_case`), as t2t's
 `WordPieceVocabulary`. The configurables give the path of a vocabulary t2t trains or ships,
@@ -40,6 +41,19 @@ def wordpiece_vocabulary(vocabulary: Optional[str], lowercase: bool,
         raise ConfigError("a BERT fine-tuning needs a WordPiece `vocabulary` (vocab.txt) "
                           "or a Hugging Face `pretrained` directory")
     return WordPieceVocabulary(vocabulary, lowercase=lowercase)
+
+
+def hf_vocabulary(hf_dir: str, vocabulary: Optional[str] = None):
+    """The vocabulary of a fine-tuning from the Hugging Face directory `hf_dir`: its own
+    tokenizer (`t2t.data.hf_tokenizer.load`, ids equal to transformers' AutoTokenizer's;
+    InputFileError where it has no tokenizer file), unless `vocabulary` names a vocab.txt
+    other than the directory's (`wordpiece_vocabulary`, with the directory's lowercasing)."""
+    own = os.path.join(hf_dir, "vocab.txt")
+    if vocabulary is not None and not (os.path.isfile(own) and os.path.isfile(vocabulary)
+                                       and os.path.samefile(vocabulary, own)):
+        return wordpiece_vocabulary(vocabulary, True, hf_dir)
+    from t2t.data import hf_tokenizer
+    return hf_tokenizer.load(hf_dir)
 
 
 @configurable

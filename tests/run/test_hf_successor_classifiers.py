@@ -1,0 +1,199 @@
+"""Hugging Face classifier directories of BERT's successors (tiny random
+`RobertaForSequenceClassification` and `AlbertForSequenceClassification`, each with a
+tokenizer trained here on Bible verses and saved by its transformers class) through the
+command line on a sentence-pair CSV task: `t2t eval` scores the directory with its own
+tokenizer (predictions = transformers' argmax on the rows AutoTokenizer builds: RoBERTa's
+`<s> a </s></s> b </s>`, ALBERT's `[CLS] a [SEP] b [SEP]` with token types), and `t2t
+finetune`'s first loss is transformers' cross entropy on those rows."""
+import csv
+import json
+
+import numpy as np
+import pytest
+import sentencepiece
+import tokenizers
+import torch
+import transformers as t
+
+from t2t.cli import main
+from tests.convert.helpers import BERTISH, perturb
+from tests.data.helpers import verses
+from tests.run.test_hf_classifier import FAST
+
+LENGTH, TRAIN, TEST = 40, 16, 6     # the first batch is the whole training split
+LABELS = ["calm", "storm"]
+
+
+WORDS = ("the Lord said to them and he went into house of God people king land day "
+         "came all Israel son").split()
+
+
+def _sentence(i: int, n: int) -> str:
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n))
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """train/test CSVs of sentence pairs (short enough that no row is cut), the verses
+    to train tokenizers on, and the command's flags."""
+    root = tmp_path_factory.mktemp("hf_successors")
+    lines = verses(1000)
+    rows = [(_sentence(i, 5), _sentence(i + 11, 4), LABELS[i % 3 == 0])
+            for i in range(TRAIN + TEST)]
+    for name, part in (("train", rows[:TRAIN]), ("test", rows[TRAIN:])):
+        with open(root / f"{name}.csv", "w", newline="") as f:
+            csv.writer(f).writerows([("text", "text2", "label"), *part])
+    flags = ["--gin_file=experiments/finetune_bert_from_files.gin",
+             f"--gin.TRAIN_FILES={root}/train.csv", f"--gin.TEST_FILES={root}/test.csv",
+             "--gin.TEXT_FIELD=text", "--gin.TEXT_PAIR_FIELD=text2",
+             "--gin.LABEL_FIELD=label", "--gin.EPOCHS=None", "--gin.TRAIN_STEPS=1",
+             f"--gin.MAX_LENGTH={LENGTH}", f"--gin.BATCH_SIZE={TRAIN}",
+             *[f"--gin={b}" for b in FAST]]
+    return root, rows, lines, flags
+
+
+def _roberta(path, lines):
+    trained = tokenizers.ByteLevelBPETokenizer()
+    trained.train_from_iterator(lines, vocab_size=600, show_progress=False,
+                                special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    files = path.parent / f"{path.name}_bpe"
+    files.mkdir()
+    trained.save_model(str(files))
+    tokenizer = t.RobertaTokenizerFast(vocab_file=str(files / "vocab.json"),
+                                       merges_file=str(files / "merges.txt"))
+    config = t.RobertaConfig(vocab_size=len(tokenizer), type_vocab_size=1, pad_token_id=1,
+                             **dict(BERTISH, max_position_embeddings=LENGTH + 2))
+    return tokenizer, config, t.RobertaForSequenceClassification
+
+
+def _albert(path, lines):
+    prefix = path.parent / f"{path.name}_spiece"
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=600, bos_id=-1,
+        eos_id=-1, pad_id=0, unk_id=1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        minloglevel=2, num_threads=1)
+    tokenizer = t.AlbertTokenizerFast(vocab_file=f"{prefix}.model")
+    config = t.AlbertConfig(vocab_size=len(tokenizer), embedding_size=16,
+                            classifier_dropout_prob=0.0, **dict(BERTISH,
+                                                               max_position_embeddings=LENGTH))
+    return tokenizer, config, t.AlbertForSequenceClassification
+
+
+@pytest.fixture(scope="module", params=[_roberta, _albert], ids=["roberta", "albert"])
+def hf_dir(request, task, tmp_path_factory):
+    """A tiny random classifier (no dropout) with its tokenizer, as save_pretrained writes
+    them; the directory, the model and AutoTokenizer read back from it."""
+    path = tmp_path_factory.mktemp("hf") / "classifier"
+    tokenizer, config, cls = request.param(path, task[2])
+    torch.manual_seed(0)
+    config.num_labels = len(LABELS)
+    model = cls(config).eval()
+    perturb(model, 0.3)
+    tokenizer.save_pretrained(str(path))
+    tokenizer = t.AutoTokenizer.from_pretrained(str(path))
+    # the output bias centred on the test rows: both labels are predicted
+    output = getattr(model.classifier, "out_proj", model.classifier)
+    with torch.no_grad():
+        output.bias -= _hf_logits(model, tokenizer, task[1][TRAIN:]).median(0).values
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model, tokenizer
+
+
+def _hf_logits(model, tokenizer, rows):
+    batch = tokenizer([r[0] for r in rows], [r[1] for r in rows], padding="max_length",
+                      max_length=LENGTH, return_tensors="pt")
+    assert int(batch["attention_mask"].sum(-1).max()) < LENGTH     # nothing was cut
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def test_eval_scores_it_with_its_tokenizer_and_finetune_continues_from_its_head(
+        task, hf_dir, tmp_path):
+    root, rows, _, flags = task
+    path, model, tokenizer = hf_dir
+    flags = [*flags, f"--gin.INITIAL_CHECKPOINT={path}"]
+
+    scored = tmp_path / "scored"
+    assert main(["eval", *flags, f"--gin.MODEL_DIR={scored}"]) == 0
+    assert json.loads((scored / "labels.json").read_text())["labels"] == LABELS
+    test = rows[TRAIN:]
+    argmax = _hf_logits(model, tokenizer, test).argmax(-1).tolist()
+    assert set(argmax) == {0, 1}
+    predictions = [json.loads(line) for line in open(scored / "predictions.jsonl")]
+    assert [p["prediction"] for p in predictions if p["split"] == "test"] == \
+        [LABELS[i] for i in argmax]
+    accuracy = 100 * np.mean([LABELS[i] == r[2] for i, r in zip(argmax, test)])
+    metrics = json.loads((scored / "metrics.json").read_text())
+    assert metrics["from_files/test"]["accuracy"] == pytest.approx(accuracy)
+
+    tuned = tmp_path / "tuned"
+    assert main(["finetune", *flags, f"--gin.MODEL_DIR={tuned}"]) == 0
+    first = json.loads(open(tuned / "metrics.jsonl").readline())
+    train = rows[:TRAIN]
+    labels = torch.tensor([LABELS.index(r[2]) for r in train])
+    loss = torch.nn.functional.cross_entropy(_hf_logits(model, tokenizer, train), labels)
+    assert first["step"] == 1
+    assert first["loss"] == pytest.approx(float(loss), rel=1e-5)
+
+
+def test_rows_are_the_ones_autotokenizer_builds(hf_dir, task):
+    """`row_layout` of the directory's tokenizer puts the special tokens and token types
+    where transformers' tokenizer(a, b) and tokenizer(a) put them."""
+    from t2t.data import hf_tokenizer
+    path, _, tokenizer = hf_dir
+    vocabulary = hf_tokenizer.load(path)
+    layout = hf_tokenizer.row_layout(vocabulary)
+    for a, b, _ in task[1][:4]:
+        ids = [vocabulary.encode(text, add_special_tokens=False) for text in (a, b)]
+        pair = tokenizer(a, b, return_token_type_ids=True)
+        assert layout.build(*ids) == (pair["input_ids"], pair["token_type_ids"])
+        single = tokenizer(a, return_token_type_ids=True)
+        assert layout.build(ids[0]) == (single["input_ids"], single["token_type_ids"])
+        assert layout.added(True) == len(pair["input_ids"]) - sum(map(len, ids))
+
+
+def test_a_family_whose_rows_are_its_own_is_refused_in_one_line(tmp_path):
+    """XLNet's heads over an HF directory, or an HF GPT-2 under BERT's heads: one line."""
+    from t2t.errors import ConfigError
+    from t2t.run.classifier_experiments import bert_trunk
+    for name, config in (("roberta", t.RobertaConfig()), ("gpt2", t.GPT2Config())):
+        config.save_pretrained(tmp_path / name)
+    with pytest.raises(ConfigError, match="is a Hugging Face RoBERTa directory: XLNet "
+                                          "fine-tuning starts from a t2t XLNet MODEL_DIR"):
+        bert_trunk(str(tmp_path / "roberta"), None, True, family="xlnet")
+    with pytest.raises(ConfigError, match="is a Hugging Face GPT-2 directory: GPT-2 "
+                                          "fine-tuning starts from a t2t GPT-2 MODEL_DIR"):
+        bert_trunk(str(tmp_path / "gpt2"), None, True)
+
+
+def test_choice_and_span_rows_are_the_ones_autotokenizer_builds(hf_dir, task):
+    """Multiple choice's (context, ending) rows and span QA's (question, window) rows are
+    tokenizer(a, b)'s, padded; the answer's token span covers the answer's text."""
+    from t2t.data import hf_tokenizer, multiple_choice, span_qa
+    path, _, tokenizer = hf_dir
+    vocabulary = hf_tokenizer.load(path)
+    pairs = task[1][:3]
+
+    def padded(a, b):
+        out = tokenizer(a, b, return_token_type_ids=True, padding="max_length",
+                        max_length=LENGTH)
+        return out["input_ids"], out["token_type_ids"]
+
+    choices = multiple_choice.choice_features(
+        [{"context": a, "endings": [b, a], "label": 0} for a, b, _ in pairs], vocabulary,
+        LENGTH)
+    for row, (a, b, _) in enumerate(pairs):
+        for choice, ending in enumerate((b, a)):
+            ids, types = padded(a, ending)
+            assert choices["encoder_input_tokens"][row, choice].tolist() == ids
+            assert choices["token_type_ids"][row, choice].tolist() == types
+
+    answer = pairs[0][1].split()[1]
+    records = [{"question": a, "context": b, "answers": {
+        "text": [answer], "answer_start": [b.index(answer)]}} for a, b, _ in pairs[:1]]
+    spans = span_qa.span_features(records, vocabulary, max_length=LENGTH, doc_stride=LENGTH)
+    ids, types = padded(pairs[0][0], pairs[0][1])
+    assert spans.features["encoder_input_tokens"][0].tolist() == ids
+    assert spans.features["token_type_ids"][0].tolist() == types
+    start, end = spans.features["start_positions"][0], spans.features["end_positions"][0]
+    assert tokenizer.decode(ids[start:end + 1]).strip() == answer
