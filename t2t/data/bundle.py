@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from t2t.data import preprocessors as prep
+from t2t.data.catalog.builders import sha256_file
 from t2t.data.sources import JsonlSource
 from t2t.data.tasks import Task, register_task, t5_objective_tasks
 from t2t.data.vocab import SentencePieceVocabulary
@@ -181,14 +182,6 @@ def write_tasks(out: Path) -> dict:
             _write_jsonl_gz(records, out / rel)
             held[name]["splits"][split] = {"file": rel, "records": len(records)}
     return held
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def file_table(root: Path) -> dict[str, dict]:

@@ -4,7 +4,6 @@ predictions are transformers' argmax on the same rows), `t2t finetune` continues
 head (the first step's loss is transformers' loss on that batch); one with another label
 count gets a fresh head, said in one log line, so `t2t eval` refuses to score it."""
 import csv
-import json
 import os
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 import transformers as t
 
 from t2t.cli import main
+from tests.run.helpers import check_eval_and_finetune
 from t2t.data.vocab import WordPieceVocabulary
 from tests.convert.helpers import perturb
 
@@ -79,27 +79,11 @@ def test_eval_scores_it_and_finetune_continues_from_its_head(data, tmp_path):
     model = _hf_classifier(tmp_path / "hf", vocab, len(LABELS))
     flags = [*flags, f"--gin.INITIAL_CHECKPOINT={tmp_path / 'hf'}"]
 
-    scored = tmp_path / "scored"            # no checkpoints: the HF directory is scored
-    assert main(["eval", *flags, f"--gin.MODEL_DIR={scored}"]) == 0
-    assert json.loads((scored / "labels.json").read_text())["labels"] == LABELS
-    predictions = [json.loads(line) for line in open(scored / "predictions.jsonl")]
-    test = rows[TRAIN:]
-    argmax = _hf_logits(model, vocab, [r[0] for r in test]).argmax(-1).tolist()
-    assert [p["prediction"] for p in predictions if p["split"] == "test"] == \
-        [LABELS[i] for i in argmax]
-    accuracy = 100 * np.mean([LABELS[i] == r[1] for i, r in zip(argmax, test)])
-    metrics = json.loads((scored / "metrics.json").read_text())
-    assert metrics["from_files/test"]["accuracy"] == pytest.approx(accuracy)
-
-    tuned = tmp_path / "tuned"
-    assert main(["finetune", *flags, f"--gin.MODEL_DIR={tuned}"]) == 0
-    first = json.loads(open(tuned / "metrics.jsonl").readline())
-    train = rows[:TRAIN]
-    labels = torch.tensor([LABELS.index(r[1]) for r in train])
-    loss = torch.nn.functional.cross_entropy(_hf_logits(model, vocab, [r[0] for r in train]),
-                                             labels)
-    assert first["step"] == 1
-    assert first["loss"] == pytest.approx(float(loss), rel=1e-5)
+    train, test = rows[:TRAIN], rows[TRAIN:]
+    check_eval_and_finetune(flags, tmp_path, LABELS, [r[1] for r in test],
+                            _hf_logits(model, vocab, [r[0] for r in test]),
+                            [r[1] for r in train],
+                            _hf_logits(model, vocab, [r[0] for r in train]))
 
 
 def test_another_label_count_is_refused_by_eval_its_head_initialised_fresh(
