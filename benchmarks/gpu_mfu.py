@@ -33,7 +33,7 @@ sequences, the "cudnn" kernel (JAX's XLA version here), probe batch 2 and candid
 and 4, every stage in one process) with ``--limit-at-batch 2``: the device is taken to hold
 what batch 2 needs, so the search predicts 8 and 4 not to fit and compiles one step per
 stage (``--limit-at-batch 4`` also compiles and times batch 4).
-tests/benchmarks/test_gpu_mfu.py runs it.
+tests/train/test_gpu_mfu.py runs it.
 
     python benchmarks/gpu_mfu.py [--models t5,bert,gpt] [--configs previous,best]
         [--budget 500] [--out DIR] [--xla-variant NAME] [--results-md PATH] [--no-write]

@@ -8,6 +8,7 @@ whole now and then; see `t2t.train.metrics_log`.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -18,6 +19,15 @@ from etils import epath
 from t2t.errors import UserError
 
 PathLike = Union[str, os.PathLike]
+
+
+def sha256_file(path: PathLike) -> str:
+    """The hex sha256 of a local file, read a MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 # What each bucket scheme needs installed, and the pip line that installs it.
 _NEEDS = {"gs": (("gcsfs",), "pip install 't2t[gcs]' (gcsfs)"),
           "s3": (("s3fs",), "pip install s3fs")}

@@ -48,11 +48,11 @@ from typing import Any
 import numpy as np
 
 from t2t.data import preprocessors as prep
-from t2t.data.catalog.builders import sha256_file
 from t2t.data.sources import JsonlSource
 from t2t.data.tasks import Task, register_task, t5_objective_tasks
 from t2t.data.vocab import SentencePieceVocabulary
 from t2t.errors import EXIT_USAGE, ConfigError, UserError
+from t2t.storage import sha256_file
 
 NAME = "micro_bundle"          # the corpus name: tasks micro_bundle_<objective>, ..._spam_100
 FORMAT = 1

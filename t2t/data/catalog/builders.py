@@ -15,7 +15,6 @@ import dataclasses
 import email
 import email.policy
 import gettext
-import hashlib
 import html
 import importlib.util
 import io
@@ -36,6 +35,7 @@ from tqdm.auto import tqdm
 
 from t2t.data.sources import SPLITS, split_of
 from t2t.errors import UserError
+from t2t.storage import sha256_file
 
 MANIFEST = "manifest.json"
 
@@ -88,14 +88,6 @@ def write_splits(records: Iterable[dict], key: Callable[[dict], str], out: Path,
     for r in records:
         parts[split_of(key(r), seed, fractions)].append(r)
     return {s: write_jsonl(rs, out / f"{s}.jsonl") for s, rs in parts.items()}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tar_members(path: Path, pattern: str) -> Iterator[tuple[str, bytes]]:
