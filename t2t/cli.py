@@ -407,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ablate", help="run a paper's ablation table (configs/ablations)")
     p.add_argument("grid", help="grid gin file, e.g. configs/ablations/t5_table2.gin")
     p.add_argument("--scale", default="tiny",
-                   help="tiny | micro | small | paper (the grid's scales; "
-                        "micro_learning_curve.gin has micro only)")
+                   help="tiny | micro | gpu_micro | small | paper (the grid's scales; "
+                        "gpu_micro in t5_table2.gin only; micro_learning_curve.gin has "
+                        "micro only)")
     p.add_argument("--cells", help="comma-separated regexes of cell keys or labels (default: all)")
     p.add_argument("--seeds", type=_seed_list,
                    help="comma-separated seeds such as 0,1,2 (default: the scale's)")
