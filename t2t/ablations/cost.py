@@ -32,7 +32,7 @@ import gin
 from t2t.ablations import runner
 from t2t.ablations.grid import Cell, Grid
 from t2t.data.catalog.builders import BuildError
-from t2t.errors import ConfigError
+from t2t.errors import ConfigError, InputFileError
 
 CACHE_VERSION = 1
 # Bindings that change what a run reads, writes or how long it runs, not the compiled step.
@@ -216,7 +216,7 @@ def _compiled(step: str, lines: Sequence[str], bindings: Sequence[str], grid: Gr
     try:
         topology, num_slices = aot.target_from_config(None, None)
         prepared = aot.prepare(topology, num_slices, step)
-    except (BuildError, OSError) as e:      # data or a vocabulary this host has not built
+    except (BuildError, InputFileError, OSError) as e:   # data or a vocabulary not here
         return None, 0, f"not counted: {str(e).splitlines()[0][:160]}", False
     steps = prepared.trainer.config.train_steps
     key = step_key(gin.operative_config_str(), prepared.signature())

@@ -104,3 +104,17 @@ def test_hardware_lines_are_replaced():
     assert cost.on_hardware(lines, "tpu_v5p_128") == [
         "runs/pretrain.gin", "BATCH_SIZE = 128", "hardware/tpu_v5p_128.gin"]
     assert cost.hardware_file("my/slice.gin") == "my/slice.gin"
+
+
+@needs_libtpu
+def test_a_stage_whose_files_are_not_here_is_listed_as_not_counted(compiles, tmp_path):
+    """A fine-tuning that needs a vocabulary (or data) this host lacks, as BERT's paper
+    fine-tunings without GLUE: its row says why, the total leaves it out, nothing compiles."""
+    grid = grid_lib.load_grid("t2t/configs/ablations/bert_table5.gin", "tiny",
+                              ["classifier_experiment.vocabulary = '/nonexistent/vocab.txt'"])
+    plan = cost.plan_grid(grid, grid.select(["^random_init$"]), 1, "tpu_v5e_8",
+                          str(tmp_path / "cache.json"), str(tmp_path), say=lambda m: None)
+    stage, = plan.stages
+    assert not stage.counted and stage.chip_hours == 0 and compiles == []
+    assert stage.note.startswith("not counted: ") and "/nonexistent/vocab.txt" in stage.note
+    assert "1 stage(s) not counted" in "\n".join(plan.lines())
