@@ -33,6 +33,7 @@ from t2t.ablations import runner
 from t2t.ablations.grid import Cell, Grid
 from t2t.data.catalog.builders import BuildError
 from t2t.errors import ConfigError, InputFileError
+from t2t.train.chips import TopologyError
 
 CACHE_VERSION = 1
 # Bindings that change what a run reads, writes or how long it runs, not the compiled step.
@@ -213,11 +214,13 @@ def _compiled(step: str, lines: Sequence[str], bindings: Sequence[str], grid: Gr
     from t2t.run import aot
     files, stage_bindings = runner.stage_config(grid, lines)
     aot.parse_gin(files, stage_bindings + list(grid.scale.plan) + list(bindings), check=False)
+    topology, num_slices = aot.target_from_config(None, None)   # no TPU in the hardware: fails
     try:
-        topology, num_slices = aot.target_from_config(None, None)
         prepared = aot.prepare(topology, num_slices, step)
     except (BuildError, InputFileError, OSError) as e:   # data or a vocabulary not here
         return None, 0, f"not counted: {str(e).splitlines()[0][:160]}", False
+    except TopologyError as e:                          # e.g. heads the tensor axis cannot split
+        return None, 0, f"not counted, does not lay out: {str(e).splitlines()[0][:160]}", False
     steps = prepared.trainer.config.train_steps
     key = step_key(gin.operative_config_str(), prepared.signature())
     report = cache.get(key)

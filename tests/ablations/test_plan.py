@@ -118,3 +118,15 @@ def test_a_stage_whose_files_are_not_here_is_listed_as_not_counted(compiles, tmp
     assert not stage.counted and stage.chip_hours == 0 and compiles == []
     assert stage.note.startswith("not counted: ") and "/nonexistent/vocab.txt" in stage.note
     assert "1 stage(s) not counted" in "\n".join(plan.lines())
+
+
+@needs_libtpu
+def test_a_stage_the_slice_cannot_lay_out_says_why(compiles, tmp_path):
+    """BERT Table 6's 3-head size on a mesh with tensor=2: the row names the parameter and
+    the axis (t2t compile's one line), the plan goes on."""
+    grid = grid_lib.load_grid(GRID, "tiny", ["TransformerConfig.num_heads = 3", "BATCH_SIZE = 128"])
+    plan = cost.plan_grid(grid, grid.select(["^random_init$"]), 1, "tpu_v5e_256",
+                          str(tmp_path / "cache.json"), str(tmp_path), say=lambda m: None)
+    stage, = plan.stages
+    assert not stage.counted and compiles == []
+    assert stage.note.startswith("not counted, does not lay out: ") and "heads=3" in stage.note
