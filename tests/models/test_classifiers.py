@@ -54,11 +54,15 @@ def bert_trunk(config=BERT, seed=0):
     return random_params(BertModel(config).init, jax.random.PRNGKey(0), tokens, seed=seed)
 
 
-def train(model, params, batch, steps, lr=3e-3, then=None):
+def train(model, params, batch, steps, lr=3e-3, then=None, frozen=None):
     """`steps` full-batch Adam steps in one compiled scan -> (params, losses [steps]), plus
     `then(trained_params)` computed in the same compile when given. (Adam on the flattened
-    tree: identical updates, and one vector instead of ~40 leaves to compile.)"""
+    tree: identical updates, and one vector instead of ~40 leaves to compile.) `frozen`:
+    a path predicate for `peft.freeze` (as `t2t finetune` freezes lightweight methods)."""
     tx = optax.flatten(optax.adam(lr))
+    if frozen is not None:
+        from t2t.models import peft
+        tx = peft.freeze(tx, frozen)
 
     def step(carry, _):
         p, s = carry

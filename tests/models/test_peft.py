@@ -19,8 +19,8 @@ from t2t.models.gpt import DecoderOnlyModel
 from t2t.run import configurables as configured
 from t2t.nn.stacks import Decoder
 
-from tests.models.test_classifiers import (BERT, GPT, OPTS, bert_batch, bert_trunk, jit,
-                                           random_params, sentences, tagging_batch)
+from tests.models.test_classifiers import (BERT, GPT, bert_batch, bert_trunk, jit,
+                                           random_params, sentences, tagging_batch, train)
 
 # Kernel name -> how many of its leading dims are the input (the rest are the output).
 INPUT_DIMS = {"query": 1, "key": 1, "value": 1, "out": 2, "wi": 1, "wo": 1}
@@ -36,20 +36,8 @@ def classifier_params(batch, seed=0, std=0.02):
 def train_frozen(model, tree, batch, steps, lr):
     """`steps` full-batch Adam steps through `peft.freeze(tx, model.is_frozen)` (as
     `t2t finetune` does) in one compiled scan -> (tree, losses [steps])."""
-    tx = peft.freeze(optax.flatten(optax.adam(lr)), model.is_frozen)
-
-    def step(carry, _):
-        p, s = carry
-        (loss, _), g = jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch, None)
-        u, s = tx.update(g, s, p)
-        return (optax.apply_updates(p, u), s), loss
-
-    def run(p):
-        (p, _), ls = jax.lax.scan(step, (p, tx.init(p)), None, length=steps)
-        return p, ls
-
-    tree, ls = jax.jit(run, compiler_options=OPTS)(tree)
-    return jax.device_get(tree), np.asarray(ls)
+    tree, ls = train(model, tree, batch, steps, lr, frozen=model.is_frozen)
+    return jax.device_get(tree), ls
 
 
 def assert_only_trainable_moved(model, before, after):
