@@ -124,8 +124,9 @@ class FinetuneTrainer(Trainer):
 
     initial_checkpoint: Optional[str] = None
 
-    def init_state(self, example_batch: Dict[str, np.ndarray]) -> TrainState:
-        state = super().init_state(example_batch)
+    def init_state(self, example_batch: Dict[str, np.ndarray], *,
+                   abstract: Optional[TrainState] = None) -> TrainState:
+        state = super().init_state(example_batch, abstract=abstract)
         own = latest_step(os.path.join(self.config.model_dir, "checkpoints"))
         if self.initial_checkpoint is None or own is not None:
             return state

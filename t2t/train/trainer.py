@@ -91,11 +91,14 @@ class Trainer:
         self._train_step = self._eval_step = None
 
     # ------------------------------------------------------------------ state
-    def init_state(self, example_batch: Dict[str, np.ndarray]) -> TrainState:
+    def init_state(self, example_batch: Dict[str, np.ndarray], *,
+                   abstract: Optional[TrainState] = None) -> TrainState:
         """Parameters and optimizer state, created directly in the shardings that
-        :meth:`abstract_init` (the one place they are decided) gives them."""
+        :meth:`abstract_init` (the one place they are decided) gives them; `abstract`: its
+        result for this batch, when the caller has it already."""
         shapes = _shapes(example_batch)
-        self.abstract_init(shapes)
+        if abstract is None:
+            self.abstract_init(shapes)
         s = self.state_shardings
         with partitioning.sharding_context(self.mesh, self.rules):
             params = jax.jit(lambda r: nn.meta.unbox(self.model.init(r, _zeros(shapes))),
@@ -423,13 +426,16 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
     data_state0 = train_data.get_state()
     example = next(train_data)
     train_data.set_state(data_state0)
-    _log.info("initialising the parameters and optimizer state")
-    state = trainer.init_state(example)
-
     ckpt = Checkpointer(f"{cfg.model_dir}/checkpoints", keep=cfg.keep_checkpoints,
                         async_save=cfg.async_checkpoint)
-    start, state, data_state = restore_newest_readable(ckpt, trainer, state)
-    if start is not None:
+    # A checkpoint restores into the abstract state (shapes and shardings alone): a resumed
+    # run never builds, compiles or allocates the initial parameters it would overwrite.
+    abstract = trainer.abstract_init(example)
+    start, state, data_state = restore_newest_readable(ckpt, trainer, abstract)
+    if start is None:
+        _log.info("initialising the parameters and optimizer state")
+        state = trainer.init_state(example, abstract=abstract)
+    else:
         if data_state is not None:
             train_data.set_state(data_state)
         if start >= cfg.train_steps:
