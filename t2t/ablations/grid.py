@@ -24,6 +24,8 @@ A grid file binds ``ablation.*``:
   states one (T5's Table 1): two rows closer than twice it are a tie in the paper.
   ``paper_control``: the paper's values for the control row, where it trained one (T5's
   Table 1, "No pre-training": the baseline fine-tuned from scratch for as many steps).
+* ``not_in_paper``: labels of rows the paper's table does not have (a later paper's
+  objective run beside it, BART's text infilling in T5 Table 4): they have no paper values.
 """
 from __future__ import annotations
 
@@ -109,6 +111,7 @@ class Grid:
     paper_sd: Mapping[str, float] = dataclasses.field(default_factory=dict)  # paper column
     source: str = ""                      # the grid's gin file, parsed again under each
     source_bindings: Tuple[str, ...] = ()  # stage so its macros (and overrides) resolve
+    not_in_paper: Tuple[str, ...] = ()    # rows the paper's table lacks: no paper values
 
     def select(self, patterns: Sequence[str] = ()) -> List[Cell]:
         """Cells whose key or label matches any regex in `patterns` (all when empty)."""
@@ -210,7 +213,8 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
              control: Optional[str] = None, scale: str = "tiny",
              orderings: Optional[Mapping[str, str]] = None,
              paper_sd: Optional[Mapping[str, float]] = None,
-             paper_control: Optional[Sequence[float]] = None) -> Grid:
+             paper_control: Optional[Sequence[float]] = None,
+             not_in_paper: Sequence[str] = ()) -> Grid:
     """The grid at `scale` (see the module docstring for the format). `overrides`:
     `{cell label: option}`, extra lines for single cells (after the axes' lines);
     `control`: the cell the random-initialisation row repeats without pretraining."""
@@ -244,6 +248,10 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
         if len(values) != len(paper_columns):
             raise ConfigError(f"paper row {label!r} has {len(values)} values for "
                               f"{len(paper_columns)} paper_columns")
+    for label in not_in_paper:
+        if label not in labels or label in paper:
+            raise ConfigError(f"not_in_paper names {label!r}: give a cell without paper "
+                              f"values; cells: {sorted(labels)}")
     for role, label in (accounting or {}).items():
         if label not in labels:
             raise ConfigError(f"accounting {role}: no cell {label!r}")
@@ -255,7 +263,8 @@ def ablation(name: str = gin.REQUIRED, title: str = gin.REQUIRED,
     return Grid(name, title, tuple(axes), cells, make_scale(scale, scales[scale]), paper,
                 tuple(paper_columns), paper_source, dict(accounting or {}), notes,
                 control or "", orderings=dict(orderings or {}),
-                paper_sd={k: float(v) for k, v in dict(paper_sd or {}).items()})
+                paper_sd={k: float(v) for k, v in dict(paper_sd or {}).items()},
+                not_in_paper=tuple(not_in_paper))
 
 
 def control_cell(cells: Sequence[Cell], label: str, axes: Tuple[str, ...]) -> Cell:

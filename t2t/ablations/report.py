@@ -590,7 +590,9 @@ def render(grid: Grid, results: Results, out_dir: str, command: str) -> Tuple[st
                  "from the paper; they are for other tasks and scales, so compare orderings, "
                  "not numbers."
                  + (" The control row's are the paper's own model trained without "
-                    "pretraining." if CONTROL_LABEL in grid.paper else ""), ""]
+                    "pretraining." if CONTROL_LABEL in grid.paper else "")
+                 + (f" Not rows of the paper's table, so without its values: "
+                    f"{', '.join(grid.not_in_paper)}." if grid.not_in_paper else ""), ""]
     if grid.accounting:
         text += ["Params: non-embedding parameters relative to the "
                  f"`{grid.accounting.get('P')}` cell (the paper's P); Cost: forward layer "

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from t2t.data import bart_noising
 from t2t.data import preprocessors as prep
 from t2t.data.converters import FeatureConverter
 from t2t.data.pipeline import BatchIterator, make_mixture_pipeline, make_pipeline
@@ -230,6 +231,15 @@ def denoise_objective(example: dict, *, seed, vocabulary: Any, objective: str) -
     return fn(example["tokens"], seed)
 
 
+def bart_objective(example: dict, *, seed, vocabulary: Any, objective: str) -> dict:
+    """A BART noising objective (``bart_text_infilling``...: `t2t.data.bart_noising`) on
+    ``tokens``, the mask token ``<extra_id_0>`` (or the last id) as for MASS-style."""
+    fn = bart_noising.objective(objective, mask_id=_sentinel(vocabulary),
+                                sentence_end_ids=bart_noising.sentence_end_ids(vocabulary),
+                                eos_id=vocabulary.eos_id)
+    return fn(example["tokens"], seed)
+
+
 def lm_chunks(example: dict, *, vocabulary: Any, sequence_length: dict[str, int]) -> list[dict]:
     """T5 ``full_lm``: document + EOS, split into ``targets``-length chunks."""
     tokens = prep.append_eos(example["tokens"], vocabulary.eos_id)
@@ -402,9 +412,10 @@ OBJECTIVE_VARIANTS = ("iid_15_u_u", "iid_15_b_f", "iid_15_m_f", "iid_15_d_d", "a
 
 def t5_objective_tasks(corpus: str, source_fn: Callable[[], RandomAccessSource],
                        to_tokens: Sequence[Callable], vocabulary: Any, over: str) -> list[Task]:
-    """``<corpus>_span_corruption``, ``_lm``, ``_prefix_lm`` and ``_<variant>`` for each of
-    `OBJECTIVE_VARIANTS` (unregistered); ``to_tokens`` turns a record into ``{"tokens"}``
-    and ``over`` names the text in the descriptions."""
+    """``<corpus>_span_corruption``, ``_lm``, ``_prefix_lm``, ``_<variant>`` for each of
+    `OBJECTIVE_VARIANTS` and ``_<name>`` for each BART objective of
+    `t2t.data.bart_noising.OBJECTIVES` (unregistered); ``to_tokens`` turns a record into
+    ``{"tokens"}`` and ``over`` names the text in the descriptions."""
     first = list(to_tokens)
     tasks = [
         Task(f"{corpus}_span_corruption", source_fn,
@@ -423,6 +434,11 @@ def t5_objective_tasks(corpus: str, source_fn: Callable[[], RandomAccessSource],
         tasks.append(Task(f"{corpus}_{name}", source_fn,
                           first + [split_fn, functools.partial(denoise_objective, objective=name)],
                           vocabulary, description=f"T5 objective {name} over {over}"))
+    for name in bart_noising.OBJECTIVES:   # BART's Table 1 noising, targets the whole chunk
+        tasks.append(Task(f"{corpus}_{name}", source_fn,
+                          first + [split_to_length,
+                                   functools.partial(bart_objective, objective=name)],
+                          vocabulary, description=f"BART objective {name} over {over}"))
     return tasks
 
 
