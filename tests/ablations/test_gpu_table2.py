@@ -2,7 +2,8 @@
 script at 2 steps with a tiny model on a stand-in bundle. Each seed's baseline and control
 finish, $OUT holds only what comes back from a device (at most 8 small files: the stage
 records in one tar, the rendered table, the log), and those records unpacked elsewhere
-render the table with its control margin."""
+render the table with its control margin. That end-to-end run is under `-m slow` (run it
+before spending a device on the script); CI checks the scale it runs at."""
 import json
 import os
 import pathlib
@@ -70,6 +71,7 @@ def standin_bundle(tmp_path, monkeypatch):
     return tmp_path / "bundle"
 
 
+@pytest.mark.slow   # ~35 s: four training stages in a subprocess; CI checks the micro scale
 def test_the_device_script_runs_every_seed_and_its_records_render_the_margin(
         standin_bundle, tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from t2t.models.xlnet import XLNetPretrainingModel
 from t2t.models.xlnet_heads import (SEG_ID_CLS, SEG_ID_PAD, XLNetClassifierHead,
@@ -86,6 +87,7 @@ def test_loads_a_pretraining_tree_under_transformer():
                  {k: v for k, v in source.items() if k != "lm_bias"})
 
 
+@pytest.mark.slow   # ~12 s of training; CI: the heads' HF parity (test_xlnet_heads_parity.py)
 def test_classifier_and_multiple_choice_learn_a_signal():
     """Label = whether token 30 appears (classification); the choice holding it (choice)."""
     rng = np.random.RandomState(0)

@@ -205,6 +205,7 @@ def _tiny_hf_bert_paraphrase(tmp_path, extra_gin=()):
     return params
 
 
+@pytest.mark.slow   # ~20 s; CI fine-tunes the same HF directory in the LoRA test below
 def test_bert_classifier_from_hugging_face_dir(tmp_path):
     """A tiny random BERT saved as a Hugging Face directory, fine-tuned as a classifier on
     the bundled paraphrase task: the trunk is the saved one, the head new."""
