@@ -9,13 +9,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from t2t.nn import attention_kernels, mixed_einsum
+from t2t.nn import attention_kernels, block_sparse, longformer, mixed_einsum
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dense import Dense, kernel_init
 from t2t.nn.dropout import keep_mask
 from t2t.nn.linformer import LowRankKeys
 from t2t.nn.position import apply_rotary
 from t2t.nn.residual import fixup_bias, fixup_init
+from t2t.nn.sparse_attention import TokenMask
 from t2t.nn.synthesizer import SyntheticLogits, mix_logits, uses_dot_product
 from t2t.precision import GPU_PLATFORMS
 
@@ -160,6 +161,9 @@ class MultiHeadAttention(nn.Module):
     With `decode=True` (self-attention only) keys and values of past steps live in the
     "cache" collection: the first (init) call sizes the cache from its input length;
     later calls take one token and write it at `decode_index`.
+    A `t2t.nn.sparse_attention.TokenMask` as the mask (the Encoder's, with a sparse
+    `config.attention_pattern`) runs that pattern: `sliding_window` (t2t/nn/longformer.py)
+    or `block_sparse` (t2t/nn/block_sparse.py), with this layer's `layer_index`.
     """
 
     config: TransformerConfig
@@ -168,6 +172,7 @@ class MultiHeadAttention(nn.Module):
     use_prefix: bool = False   # prefix tuning: `config.prefix_length` learned key/value slots
     synthetic: bool = False    # `config.synthesizer` logits (self-attention; synthesizer.py)
     low_rank: bool = False     # Linformer: keys/values projected along the length (linformer.py)
+    layer_index: int = 0       # the stack's layer it serves (sparse patterns: window, plan)
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -231,7 +236,10 @@ class MultiHeadAttention(nn.Module):
                 inputs_q, v.shape[1], decode_index if stepping else 0)
             if dot:
                 q, bias = mix_logits(self, logits, q, bias)
-        if synthetic and not dot:
+        if isinstance(mask, TokenMask):                # sparse encoder self-attention
+            out = self._sparse(inputs_q, q, k, v, mask, scale, dropout_rng,
+                               lambda name, query: proj(name, q_init if query else base_init))
+        elif synthetic and not dot:
             out = attend(logits, v, mask, **drop)
         else:
             out = dot_product_attention(q, k, v, mask, bias, scale=scale,
@@ -244,6 +252,20 @@ class MultiHeadAttention(nn.Module):
                     dtype=dtype, param_dtype=cfg.params_dtype, kernel_init=out_init,
                     name="out")(out)
         return checkpoint_name(out, OUT_NAME)
+
+    def _sparse(self, inputs_q, q, k, v, mask: TokenMask, scale, dropout_rng, projection):
+        """`config.attention_pattern`'s attention over q, k, v [b, l, h, d] (projected)."""
+        cfg = self.config
+        if cfg.attention_pattern == "sliding_window":
+            return longformer.attention(
+                cfg, self.layer_index, inputs_q, q, k, v, mask, projection=projection,
+                scale=scale, dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng,
+                deterministic=self.deterministic, dtype=cfg.compute_dtype)
+        return block_sparse.encoder_attention(cfg, q, k, v, mask.valid,
+                                              layer_index=self.layer_index, scale=scale,
+                                              dtype=cfg.compute_dtype,
+                                              segment_ids=mask.segment_ids,
+                                              dropout_rng=dropout_rng)
 
     def _prepend_prefix(self, k, v, mask, bias):
         """Prefix tuning (Li & Liang 2021): keys/values [b, k, h, d] -> [b, p + k, h, d] with

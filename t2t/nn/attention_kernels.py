@@ -179,37 +179,49 @@ def _fall_back(kernel: str, chosen: str, reason: str) -> str:
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array,
-                     mask: Optional[SegmentedMask]) -> jax.Array:
+                     mask: Optional[SegmentedMask], pattern=None) -> jax.Array:
     """softmax(q·kᵀ, masked)·v by the splash kernel: q [batch, q_len, heads, head_dim]
     (already scaled), k/v [batch, k_len, heads, head_dim] -> [batch, q_len, heads,
-    head_dim]. Under a mesh the kernel runs per device in `jax.shard_map`, the batch and
-    heads split as the logical-axis rules split them."""
+    head_dim]. `mask` gives causality and the segment ids (a query attends the keys of its
+    own segment). `pattern`, in place of the full or causal mask: one splash mask [q_len,
+    k_len] for every head (Longformer's band, t2t/nn/longformer.py) or a sequence of one per
+    head (BigBird's blocks, t2t/nn/block_sparse.py); the kernel skips each 128 x 128 tile a
+    head's mask leaves empty. Under a mesh the kernel runs per device in `jax.shard_map`,
+    the batch and heads split as the logical-axis rules split them, each device with its
+    heads' masks."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
     causal = mask is not None and mask.causal
     q_seg = None if mask is None else mask.q_segments
     k_seg = None if mask is None else mask.k_segments
     if (q_seg is None) != (k_seg is None):     # one side packed: the other is one segment
         q_seg = jnp.ones(q.shape[:2], jnp.int32) if q_seg is None else q_seg
         k_seg = jnp.ones(k.shape[:2], jnp.int32) if k_seg is None else k_seg
-    interpret = target_platform() != "tpu"
-    local = functools.partial(_splash_local, causal=causal, interpret=interpret)
+    (_, q_len, heads, _), k_len = q.shape, k.shape[1]
+    if pattern is None:
+        pattern = (splash.CausalMask((q_len, k_len)) if causal
+                   else splash.FullMask((q_len, k_len)))
+    masks = list(pattern) if isinstance(pattern, (list, tuple)) else [pattern] * heads
+    if len(masks) != heads:
+        raise ValueError(f"splash attention got {len(masks)} head masks for {heads} heads")
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return local(q, k, v, q_seg, k_seg)
-    spec = P(*nn.logical_to_mesh_axes(QKV_AXES))
+    spec = None if mesh.empty else P(*nn.logical_to_mesh_axes(QKV_AXES))
+    kernel = splash.make_splash_mha(
+        splash.MultiHeadMask(masks), head_shards=1 if spec is None else _mesh_ways()[1],
+        q_seq_shards=1, interpret=target_platform() != "tpu")
+    if spec is None:
+        return _splash_rows(kernel, q, k, v, q_seg, k_seg)
     if spec[1] is not None:
         raise ValueError(f"splash attention cannot split the length over the mesh ({spec})")
+    kernel_spec = kernel.manual_sharding_spec(jax.sharding.NamedSharding(mesh, P(spec[2], None)))
     seg_spec = None if q_seg is None else P(spec[0], None)
-    return jax.shard_map(local, in_specs=(spec, spec, spec, seg_spec, seg_spec),
-                         out_specs=spec, check_vma=False)(q, k, v, q_seg, k_seg)
+    return jax.shard_map(_splash_rows, in_specs=(kernel_spec, spec, spec, spec, seg_spec,
+                                                 seg_spec),
+                         out_specs=spec, check_vma=False)(kernel, q, k, v, q_seg, k_seg)
 
 
-def _splash_local(q, k, v, q_seg, k_seg, *, causal: bool, interpret: bool):
+def _splash_rows(kernel, q, k, v, q_seg, k_seg):
     """One device's share: the kernel over its heads, vmapped over its rows."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
-    (_, q_len, heads, _), k_len = q.shape, k.shape[1]
-    one = splash.CausalMask((q_len, k_len)) if causal else splash.FullMask((q_len, k_len))
-    kernel = splash.make_splash_mha(splash.MultiHeadMask([one] * heads), head_shards=1,
-                                    q_seq_shards=1, interpret=interpret)
 
     def row(q, k, v, qs, ks):          # [len, heads, head_dim] -> [heads, len, head_dim]
         segments = None if qs is None else splash.SegmentIds(qs, ks)

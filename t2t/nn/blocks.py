@@ -37,6 +37,7 @@ class LayerFields(nn.Module):
     pkm: bool = False
     causal: bool = False      # a decoder layer: its convolution looks back only
     linformer: bool = False   # self-attention keys/values projected n -> k (linformer.py)
+    layer_index: int = 0      # its place in the stack (sparse attention patterns)
 
 
 class TransformerLayer(LayerFields):
@@ -61,7 +62,7 @@ class TransformerLayer(LayerFields):
         else:
             self.self_attention = attn("self_attention", self.decode, True,
                                        synthetic=cfg.synthesizer != "none",
-                                       low_rank=self.linformer)
+                                       low_rank=self.linformer, layer_index=self.layer_index)
         self.cross_attention = attn("cross_attention", False)
         ffn = MoeBlock if self.moe else ProductKeyMemory if self.pkm else MlpBlock
         self.mlp = ffn(cfg, deterministic=self.deterministic, name="mlp")

@@ -11,6 +11,7 @@ from t2t.errors import ConfigError
 NORM_TYPES = ("layer", "rms", "none")
 POSITION_TYPES = ("learned", "sinusoidal", "relative", "rotary", "none")
 ATTENTION_SCALES = ("sqrt", "folded")
+ATTENTION_PATTERNS = ("dense", "sliding_window", "block_sparse")  # encoder self-attention
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_qkv_proj",
                   "save_qkv_out_proj")
 KERNEL_INITS = ("variance_scaling", "normal")
@@ -52,7 +53,8 @@ class TransformerConfig:
 
     position_embedding: str = "relative"  # learned | sinusoidal | relative | rotary | none
     max_length: int = 512             # rows of the learned/sinusoidal position table
-    position_offset: int = 0          # Encoder positions start here (RoBERTa: pad id + 1 = 2)
+    position_offset: int = 0          # Encoder and Decoder positions start here (RoBERTa,
+    #   BART: 2)
     relative_buckets: int = 32
     relative_max_distance: int = 128
     rotary_base: float = 10000.0
@@ -67,6 +69,10 @@ class TransformerConfig:
 
     tie_embeddings: bool = True       # output layer = token embedding transposed
     scale_tied_logits: bool = False   # T5.1.0: tied logits scaled by d_model ** -0.5
+    final_logits_bias: bool = False   # BART: a [vocab] bias `final_logits_bias` added to the
+    #   logits; HF keeps it as a zero buffer it never trains, t2t's is a param it trains
+    decoder_start_id: int = 0         # first decoder input (HF decoder_start_token_id: T5 0,
+    #   BART 2 = </s>); decoding and the shift-right training features start with it
     share_layers: bool = False        # ALBERT cross-layer parameter sharing
     share_encoder_decoder: bool = False  # T5 paper "shared" row: one set of layers
     encoder_causal: bool = False      # Encoder self-attention left-to-right only (BERT
@@ -135,6 +141,17 @@ class TransformerConfig:
     universal_ponder_weight: float = 0.01  # ponder cost's weight in the loss
     linformer_k: int = 0              # Linformer (Wang et al. 2020): encoder self-attention keys
     #   and values projected along the length to k (t2t/nn/linformer.py); 0 = off
+    # Sparse encoder self-attention (t2t/nn/sparse_attention.py): Longformer / BigBird.
+    attention_pattern: str = "dense"  # dense | sliding_window (Longformer) | block_sparse (BigBird)
+    attention_window: Sequence[int] = (512,)  # Longformer full window (even), one value or
+    #   one per encoder layer, as HF's attention_window
+    global_projections: bool = True   # Longformer's separate query/key/value_global
+    max_global_tokens: int = 64       # Longformer: global tokens a row may have (a static
+    #   bound: later ones attend locally); HF-compatible logits size it to their input
+    sparse_block_size: int = 64       # BigBird block_sparse: tokens per block (HF block_size)
+    num_random_blocks: int = 3        # BigBird: random key blocks per query block (t2t/nn/
+    #   block_sparse.py)
+    random_blocks_seed: int = 0       # BigBird: the random plan is drawn from (seed, layer, head)
 
     # Narang et al. 2021 ("Do Transformer Modifications Transfer?"), sharing and embeddings.
     share_layers_in: str = "both"     # with share_layers: "both" stacks, "encoder", "decoder"
@@ -170,6 +187,7 @@ class TransformerConfig:
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_choice("position_embedding", self.position_embedding, POSITION_TYPES)
         _check_choice("attention_scale", self.attention_scale, ATTENTION_SCALES)
+        _check_choice("attention_pattern", self.attention_pattern, ATTENTION_PATTERNS)
         _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
         _check_choice("kernel_init", self.kernel_init, KERNEL_INITS)
         _check_choice("dtype", self.dtype, DTYPES)
@@ -251,6 +269,12 @@ class TransformerConfig:
         if self.linformer_k:
             from t2t.nn.linformer import check_linformer_config
             check_linformer_config(self)
+        if self.attention_pattern != "dense":
+            from t2t.nn.sparse_attention import check_sparse_config
+            check_sparse_config(self)
+        if self.attention_pattern == "block_sparse":
+            from t2t.nn.block_sparse import check_block_sparse_config
+            check_block_sparse_config(self)
 
     @property
     def compute_dtype(self):

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.errors import ConfigError
 from t2t.nn.adaptive_softmax import AdaptiveSoftmax
 from t2t.nn.attention import (OUT_NAME, QKV_NAMES, causal_mask, combine_masks,
                               prefix_lm_mask, segment_mask)
@@ -27,6 +28,7 @@ from t2t.nn.moe import MOE_COLLECTION, is_moe_layer
 from t2t.nn.norms import make_norm
 from t2t.nn.position import RelativePositionBias
 from t2t.nn.product_key import is_pkm_layer
+from t2t.nn.sparse_attention import token_mask
 from t2t.nn.transparent import TransparentMix, layer_memory
 from t2t.nn.universal import UniversalStack
 from t2t.nn.weighted import WeightedLayer
@@ -106,7 +108,7 @@ class LayerStack(nn.Module):
             if not shared:
                 layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, i),
                             pkm=is_pkm_layer(cfg, i, self.stack), linformer=linformer,
-                            name=f"layer_{i}")
+                            layer_index=i, name=f"layer_{i}")
             elif layer is None:
                 layer = cls(cfg, deterministic, decode, moe=is_moe_layer(cfg, 0),
                             linformer=linformer, name="layer")
@@ -152,6 +154,9 @@ class Encoder(nn.Module):
     norm: [batch, layers + 1, length, d_model] (transparent attention, `t2t.nn.transparent`).
     With `config.funnel_blocks` the layers pool the sequence (`t2t.nn.funnel`): the output
     is [batch, ceil(length / 2^(blocks-1)), d_model].
+    With a sparse `config.attention_pattern` the layers get a `TokenMask`
+    (`t2t.nn.sparse_attention`) instead of the [b, 1, l, l] mask; `global_tokens` [batch,
+    length] (1 = global; Longformer's, HF's `global_attention_mask`) rides on it.
     """
 
     config: TransformerConfig
@@ -164,8 +169,12 @@ class Encoder(nn.Module):
     def __call__(self, input_tokens: jax.Array, segment_ids: Optional[jax.Array] = None,
                  positions: Optional[jax.Array] = None,
                  token_type_ids: Optional[jax.Array] = None, *,
-                 deterministic: bool = True) -> jax.Array:
+                 deterministic: bool = True,
+                 global_tokens: Optional[jax.Array] = None) -> jax.Array:
         cfg = self.config
+        if global_tokens is not None and cfg.attention_pattern != "sliding_window":
+            raise ConfigError("global_tokens (a global_attention_mask) need "
+                              "attention_pattern='sliding_window' (Longformer)")
         if positions is None:
             positions = _default_positions(input_tokens)
         if cfg.position_offset:
@@ -181,10 +190,13 @@ class Encoder(nn.Module):
             x = FunnelStack(cfg, _layer_class(cfg, scanned=False), name="layers")(
                 x, segment_ids, deterministic=deterministic)          # [b, pooled, d_model]
             return _final_norm(cfg, x, deterministic)
-        mask = combine_masks(  # [batch|1, 1, length, length]
-            causal_mask(input_tokens.shape[1]) if cfg.encoder_causal else None,
-            None if segment_ids is None else segment_mask(segment_ids, segment_ids))
-        mask = structured_mask(cfg, mask, segment_ids, segment_ids, cfg.encoder_causal)
+        if cfg.attention_pattern != "dense":      # t2t/nn/sparse_attention.py
+            mask = token_mask(input_tokens, segment_ids, global_tokens)
+        else:
+            mask = combine_masks(  # [batch|1, 1, length, length]
+                causal_mask(input_tokens.shape[1]) if cfg.encoder_causal else None,
+                None if segment_ids is None else segment_mask(segment_ids, segment_ids))
+            mask = structured_mask(cfg, mask, segment_ids, segment_ids, cfg.encoder_causal)
         bias = None
         if cfg.position_embedding == "relative":
             idx = jnp.arange(input_tokens.shape[1])
@@ -244,6 +256,7 @@ class Decoder(nn.Module):
             q_pos = decode_index + jnp.arange(length, dtype=jnp.int32)
             positions = (jnp.broadcast_to(q_pos, (batch, length)) if decoder_positions is None
                          else decoder_positions)
+            positions = positions + cfg.position_offset
             self_mask = (key_positions[None, :] <= q_pos[:, None])[None, None]
             if decoder_causal_attention is not None:
                 prefix_q = decoder_causal_attention.astype(bool)          # [b, length]
@@ -264,6 +277,7 @@ class Decoder(nn.Module):
                 self.variable("cache", "segment_ids", jnp.ones, (batch, length), jnp.int32)
             positions = (_default_positions(tokens) if decoder_positions is None
                          else decoder_positions)
+            positions = positions + cfg.position_offset
             self_mask = (causal_mask(length) if decoder_causal_attention is None
                          else prefix_lm_mask(decoder_causal_attention))
             if decoder_segment_ids is not None:
@@ -315,7 +329,22 @@ def output_logits(cfg: TransformerConfig, x: jax.Array, table: Embed) -> jax.Arr
     if cfg.output_layer == "mixture_of_softmaxes":                    # log-probabilities
         return MixtureOfSoftmaxes(cfg, name="mixture_of_softmaxes")(
             x, lambda h: _word_logits(cfg, h, table))
-    return _word_logits(cfg, x, table)
+    logits = _word_logits(cfg, x, table)
+    if cfg.final_logits_bias:   # BART's [vocab] bias on the logits
+        logits = logits + LogitsBias(cfg, name="final_logits_bias")(logits)
+    return logits
+
+
+class LogitsBias(nn.Module):
+    """BART's `final_logits_bias`: a [vocab] param (zeros at init) added to the logits."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, logits: jax.Array) -> jax.Array:
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                          (self.config.vocab_size,), self.config.params_dtype)
+        return bias.astype(logits.dtype)
 
 
 def _word_logits(cfg: TransformerConfig, x: jax.Array, table: Embed) -> jax.Array:

@@ -18,7 +18,10 @@ Forward FLOPs of one example:
   matmul parameters a token passes through.
 * self-attention, per layer: ``4 · Lq · Lk · A`` (``QKᵀ`` and ``A·V``, 2·Lq·Lk·A each);
   halved when causal (only the lower triangle is needed). Encoder: ``Lq = Lk = S``;
-  decoder: ``Lq = Lk = T``.
+  decoder: ``Lq = Lk = T``. Sparse encoder patterns count the pairs they attend instead
+  of ``S²`` (`encoder_scored_pairs`): Longformer's band of ``w + 1`` keys a query (cut at
+  the ends; its global tokens, which depend on the batch and which MLM pretraining has
+  none of, are not counted), BigBird's blocks (``S²`` where it falls back to dense).
 * cross-attention (encoder-decoder), per decoder layer: ``2·2·d·A·T`` (q, o on decoder
   tokens) + ``2·2·d·A·S`` (k, v on encoder outputs) + ``4·T·S·A`` (never causal).
 * logits: ``2 · d_out · V · P`` with ``d_out = E or d``; ``P`` = ``T`` for decoders, the number
@@ -41,6 +44,7 @@ import jax
 import numpy as np
 
 from t2t.models import families
+from t2t.nn import block_sparse, longformer
 from t2t.nn.adaptive_softmax import cluster_bounds, cluster_widths
 from t2t.nn.config import TransformerConfig
 
@@ -70,6 +74,21 @@ def _lengths(family: str, counted: families.FlopFormula, input_length: Optional[
     if missing:
         raise ValueError(f"family {family!r} needs {' and '.join(need)}; missing {missing}")
     return int(input_length or 0), int(target_length or 0)
+
+
+def encoder_scored_pairs(config: TransformerConfig, s: int, layers: int) -> int:
+    """(query, key) pairs one head scores over `layers` encoder layers of `s` tokens:
+    ``s²`` a layer for dense attention; Longformer's band (`attention_pattern`
+    "sliding_window", each layer's window: `t2t.nn.longformer.scored_pairs`, the paper's
+    count, global tokens not counted); BigBird's blocks ("block_sparse":
+    `t2t.nn.block_sparse.scored_pairs`, ``s²`` where it falls back to dense)."""
+    if config.attention_pattern == "sliding_window":
+        return sum(longformer.scored_pairs(s, longformer.layer_window(config, i))
+                   for i in range(layers))
+    if config.attention_pattern == "block_sparse":
+        return layers * block_sparse.scored_pairs(s, config.sparse_block_size,
+                                                  config.num_random_blocks)
+    return layers * s * s
 
 
 def _synthesizer_delta(config: TransformerConfig, n: int, causal_factor: float
@@ -231,7 +250,7 @@ def forward_flops_breakdown(config: TransformerConfig, family: str, *,
     dense = attention = 0.0
     if enc:
         dense += n_enc * s * per_token_layer
-        attention += n_enc * 4 * s * s * a
+        attention += 4 * a * encoder_scored_pairs(config, s, n_enc)
         dense, attention = (x + n_enc * y for x, y in zip(
             (dense, attention), _synthesizer_delta(config, s, 1.0)))
     if dec:

@@ -123,6 +123,34 @@ def test_splash_cross_attention_of_other_lengths():
     assert float(jnp.max(jnp.abs(out - ref))) < 1e-5
 
 
+@pytest.mark.parametrize("mesh_shape", [None, (4, 2)])
+def test_splash_with_a_pattern_per_head(mesh_shape):
+    """`pattern` as one splash mask per head (head 0 causal, head 1 a band of 16 a side)
+    equals XLA attention under each head's dense mask, alone and on a 4 x 2 (fsdp x
+    tensor) mesh that gives each device one head and that head's mask."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    q, k, v = _qkv(4, 128, 128, heads=2)
+    pattern = [sm.CausalMask((128, 128)), sm.LocalMask((128, 128), (16, 16), 0)]
+    i = np.arange(128)
+    dense = jnp.asarray(np.stack([i[:, None] >= i[None], np.abs(i[:, None] - i[None]) <= 16]))
+    ref = dot_product_attention(q, k, v, dense[None], None, scale=1.0, **KW)
+
+    def run(q, k, v):
+        return ak.splash_attention(q, k, v, None, pattern=pattern)
+
+    if mesh_shape is None:
+        out = run(q, k, v)
+    else:
+        mesh = jax.make_mesh(mesh_shape, ("fsdp", "tensor"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        with jax.set_mesh(mesh), nn.logical_axis_rules([("batch", "fsdp"),
+                                                        ("heads", "tensor")]):
+            out = jax.jit(run)(q, k, v)
+    assert float(jnp.max(jnp.abs(out - ref))) < 1e-5
+    with pytest.raises(ValueError, match="1 head masks for 2 heads"):
+        ak.splash_attention(q, k, v, None, pattern=pattern[:1])
+
+
 @pytest.mark.slow
 def test_splash_gradients_equal_xla():
     q, k, v = _qkv(1, 128, 128, heads=2)
