@@ -161,7 +161,8 @@ def cmd_infer(args) -> int:
     _parse_finetune_gin(args)
     lines = read_input_lines(args.input)
     exp, params = finetune.restore_experiment()
-    options = {"beam": {"beam_size": args.beam_size, "alpha": args.alpha},
+    options = {"beam": {"beam_size": args.beam_size, "alpha": args.alpha,
+                        "finish_in_beam": args.finish_in_beam},
                "greedy": {}}[args.strategy]
     prefix = None if args.raw else getattr(exp.task, "input_prefix", None)
     if prefix:
@@ -233,7 +234,8 @@ def cmd_compile(args) -> int:
 def cmd_convert(args) -> int:
     """`t2t convert SRC OUT`: a Hugging Face directory (BERT, RoBERTa, ALBERT, ELECTRA,
     DistilBERT, GPT-2, T5) read and written back by t2t, or a t2t MODEL_DIR (its config.gin
-    and latest checkpoint) written as Hugging Face `--model_type` directories."""
+    and latest checkpoint) written as Hugging Face `--model_type` directories. `--long N`
+    makes a RoBERTa a Longformer of N positions (`t2t.convert.hf_longformer.long_roberta`)."""
     from t2t.convert import pretrained as hf_pretrained
     from t2t.run import model_dir
     families = ", ".join(hf_pretrained.SUPPORTED)
@@ -254,6 +256,10 @@ def cmd_convert(args) -> int:
                                                 loaded.config)
         models = hf_pretrained.from_t2t(args.model_type, loaded.config, loaded.params,
                                         generator)
+    if args.long:
+        from t2t.convert.hf_longformer import long_roberta
+        models = {name: long_roberta(model, args.long, args.window)
+                  for name, model in models.items()}
     for name, model in models.items():
         out = args.out if len(models) == 1 else os.path.join(args.out, name)
         hf_pretrained.save_pretrained(model, out)
@@ -398,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=("greedy", "beam"), default="greedy")
     p.add_argument("--beam_size", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
+    p.add_argument("--finish_in_beam", action="store_true",
+                   help="beam: a hypothesis ends only from the top beam_size expansions "
+                        "(fairseq's and transformers' rule; default T5X's: any of 2 x beam)")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_decode_length", type=int,
                    help="default: the target feature length")
@@ -451,6 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_type", help="for a MODEL_DIR: bert, roberta, albert, electra, "
                    "distilbert, gpt2 or t5")
     p.add_argument("--step", type=int, help="for a MODEL_DIR: checkpoint step (latest)")
+    p.add_argument("--long", type=int, metavar="N", help="a RoBERTa written as a Longformer "
+                   "of N positions (its learned positions copied over and over, global "
+                   "projections copied from the local ones), e.g. --long 4096")
+    p.add_argument("--window", type=int, default=512,
+                   help="with --long: the Longformer's attention window (default 512)")
     p.set_defaults(func=cmd_convert)
     p = sub.add_parser("mlm_eval", help="held-out MLM loss (and, with --finetune, "
                        "downstream accuracy) of encoder pretraining runs, on equal terms")

@@ -124,6 +124,16 @@ def bert_rules(c: TransformerConfig, root: str, pooler: bool, mlm: bool,
 
 
 # ----------------------------------------------------------------------- state dicts
+def require_tied_decoder(state: StateDict, root: str) -> None:
+    """CheckpointMismatchError unless a BERT-shaped state dict's MLM decoder (if any) is its
+    word embeddings: t2t's MLM head is always tied."""
+    decoder = state.get("cls.predictions.decoder.weight")
+    words = state.get(f"{root}embeddings.word_embeddings.weight")
+    if decoder is not None and words is not None and not np.array_equal(decoder, words):
+        raise CheckpointMismatchError("cls.predictions.decoder.weight differs from the word "
+                                      "embeddings; t2t's MLM head is always tied")
+
+
 def bert_params_from_hf(state_dict: StateDict, config: TransformerConfig,
                         scan: Optional[bool] = None) -> Params:
     """HF BERT state dict (numpy) -> BertModel params.
@@ -134,11 +144,7 @@ def bert_params_from_hf(state_dict: StateDict, config: TransformerConfig,
     """
     root = "bert." if any(k.startswith("bert.embeddings.") for k in state_dict) else ""
     mlm = "cls.predictions.transform.dense.weight" in state_dict
-    decoder = state_dict.get("cls.predictions.decoder.weight")
-    words = state_dict.get(f"{root}embeddings.word_embeddings.weight")
-    if decoder is not None and words is not None and not np.array_equal(decoder, words):
-        raise CheckpointMismatchError("cls.predictions.decoder.weight differs from the word "
-                                      "embeddings; t2t's MLM head is always tied")
+    require_tied_decoder(state_dict, root)
     rules = bert_rules(config, root, pooler=f"{root}pooler.dense.weight" in state_dict,
                        mlm=mlm, nsp="cls.seq_relationship.weight" in state_dict)
     return import_params(state_dict, rules, config, scan)

@@ -4,6 +4,7 @@ ways; the one-line refusal of a config HF cannot express; `PretrainedError`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -115,3 +116,31 @@ def class_to_read(family: "HfFamily", architecture: str) -> str:
     check_class(family, architecture)
     return architecture
 
+
+def encoder_decoder_logits(model, has_lm_head: bool, no_head_hint: str = "") -> Callable:
+    """An HF encoder-decoder's (T5's, BART's) LM logits [batch, target, vocab]: (params,
+    input_ids, attention_mask, token_type_ids, decoder_input_ids=, decoder_attention_mask=)."""
+    if not has_lm_head:
+        raise PretrainedError(f"a {model.architecture} has no LM head, so no logits"
+                              f"{no_head_hint}")
+    fn = _encoder_decoder_fn(model.config)
+
+    def logits(params, ids, mask, types, decoder_input_ids=None, decoder_attention_mask=None):
+        if decoder_input_ids is None:
+            raise PretrainedError(f"{model.architecture}.logits needs decoder_input_ids "
+                                  "[batch, target] (HF's: the targets shifted right, "
+                                  "decoder_start_token_id first)")
+        return fn(params, ids, mask, decoder_input_ids, decoder_attention_mask)
+    return logits
+
+
+@functools.lru_cache(maxsize=None)
+def _encoder_decoder_fn(config: TransformerConfig) -> Callable:
+    import jax
+
+    from t2t.nn.stacks import EncoderDecoder
+
+    def fn(params, ids, mask, decoder_ids, decoder_mask):
+        return EncoderDecoder(config).apply({"params": params}, ids, decoder_ids, mask,
+                                            decoder_mask)
+    return jax.jit(fn)

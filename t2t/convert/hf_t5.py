@@ -12,8 +12,8 @@ import jax
 
 import numpy as np
 
-from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, PretrainedError,
-                                   activation, require)
+from t2t.convert.hf_common import (T2T_TO_HF_ACTIVATION, HfFamily, activation,
+                                   encoder_decoder_logits, require)
 from t2t.convert.hf_files import load_directory, write_directory
 from t2t.convert.rules import (CheckpointMismatchError, Params, Rule, StateDict, copy,
                                export_params, import_params, layer_norm, linear, transpose)
@@ -166,30 +166,10 @@ def save_t5(config: TransformerConfig, params: Params, path) -> None:
 
 
 def _logits(model) -> Callable:
-    """T5ForConditionalGeneration's LM logits [batch, target, vocab]: (params, input_ids,
-    attention_mask, token_type_ids, decoder_input_ids=, decoder_attention_mask=)."""
-    if model.architecture != "T5ForConditionalGeneration":
-        raise PretrainedError(f"a {model.architecture} has no LM head, so no logits; its "
-                              "encoder's states: hidden_states(input_ids, attention_mask)")
-    fn = _decode_fn(model.config)
-
-    def logits(params, ids, mask, types, decoder_input_ids=None, decoder_attention_mask=None):
-        if decoder_input_ids is None:
-            raise PretrainedError("T5ForConditionalGeneration.logits needs decoder_input_ids "
-                                  "[batch, target] (HF's: the targets shifted right, "
-                                  "decoder_start_token_id first)")
-        return fn(params, ids, mask, decoder_input_ids, decoder_attention_mask)
-    return logits
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_fn(config: TransformerConfig):
-    from t2t.nn.stacks import EncoderDecoder
-
-    def fn(params, ids, mask, decoder_ids, decoder_mask):
-        return EncoderDecoder(config).apply({"params": params}, ids, decoder_ids, mask,
-                                            decoder_mask)
-    return jax.jit(fn)
+    """T5ForConditionalGeneration's LM logits (`hf_common.encoder_decoder_logits`)."""
+    return encoder_decoder_logits(
+        model, model.architecture == "T5ForConditionalGeneration",
+        "; its encoder's states: hidden_states(input_ids, attention_mask)")
 
 
 def _encoder_hidden_states(model) -> Callable:

@@ -8,8 +8,10 @@ class's `.logits`: MLM logits [batch, length, vocab] for BERT, RoBERTa, ALBERT, 
 and an ELECTRA generator, replaced-token logits [batch, length] for an ELECTRA
 discriminator, LM logits for GPT-2, OpenAI GPT (GPT-1) and XLNet (its content stream over
 the whole input; perm_mask, target_mapping and mems through `t2t.models.xlnet.XLNet`);
-`T5ForConditionalGeneration`'s [batch, target, vocab] with `decoder_input_ids=` (and
-`decoder_attention_mask=`); and a task head's:
+`T5ForConditionalGeneration`'s and `BartForConditionalGeneration`'s [batch, target, vocab]
+with `decoder_input_ids=` (and `decoder_attention_mask=`); Longformer's with
+`global_attention_mask=` (HF's meaning and its task classes' defaults without it,
+`t2t.convert.hf_longformer`); and a task head's:
 
   ...ForSequenceClassification  [batch, labels]          (BERT, RoBERTa, ALBERT, ELECTRA,
   ...ForTokenClassification     [batch, length, labels]   DistilBERT; GPT-2's sequence and
@@ -17,11 +19,14 @@ the whole input; perm_mask, target_mapping and mems through `t2t.models.xlnet.XL
   ...ForMultipleChoice          [batch, choices] from inputs [batch, choices, length]
   XLNetForSequenceClassification / XLNetForMultipleChoice, in XLNet's layout (left
   padding, the [CLS] last)
+  BartForSequenceClassification [batch, labels], from the decoder's state at each row's
+  last </s>
 
 A task head's tree is the parameters of t2t's own fine-tuning head
 (`t2t.convert.hf_heads`, `t2t.models.classifiers`), so `t2t finetune` continues from it.
 `PretrainedModel.hidden_states(input_ids, attention_mask)` equals the family's base class's
-`last_hidden_state` (T5: the encoder's). `PretrainedModel.vocabulary` is the directory's
+`last_hidden_state` (T5: the encoder's; BART: the decoder's over the ids shifted right, as
+`BartModel` without decoder inputs). `PretrainedModel.vocabulary` is the directory's
 tokenizer as a t2t vocabulary (`t2t.data.hf_tokenizer.load`, read when first asked for;
 None, said in one log line, where the directory has no tokenizer file). config.json's
 `architectures` names the HF class; `save_pretrained` writes that class back (a head with
@@ -43,7 +48,8 @@ from typing import Any, Dict, Optional, Tuple
 import jax.numpy as jnp
 import numpy as np
 
-from t2t.convert import hf_bert, hf_encoders, hf_gpt1, hf_gpt2, hf_t5, hf_xlnet
+from t2t.convert import (hf_bart, hf_bert, hf_bigbird, hf_encoders, hf_gpt1, hf_gpt2,
+                         hf_longformer, hf_t5, hf_xlnet)
 from t2t.convert.hf_common import (HfFamily, PretrainedError, check_class, class_to_read,
                                    registry_family)
 from t2t.convert.hf_files import CONFIG_FILE, read_json, read_safetensors, write_directory
@@ -62,7 +68,8 @@ __all__ = ["FORMS", "SUPPORTED", "PretrainedError", "PretrainedModel", "family_o
 # model_type -> its converter (config maps, rule tables, HF classes)
 FORMS: Dict[str, HfFamily] = {form.model_type: form for form in (
     hf_bert.BERT, hf_encoders.ROBERTA, hf_encoders.ALBERT, hf_encoders.ELECTRA,
-    hf_encoders.DISTILBERT, hf_gpt2.GPT2, hf_t5.T5, hf_xlnet.XLNET, hf_gpt1.GPT1)}
+    hf_encoders.DISTILBERT, hf_gpt2.GPT2, hf_t5.T5, hf_xlnet.XLNET, hf_gpt1.GPT1,
+    hf_bart.BART, hf_bigbird.BIGBIRD, hf_longformer.LONGFORMER)}
 SUPPORTED = tuple(FORMS)
 
 

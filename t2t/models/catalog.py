@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from t2t.data import converters as conv
 from t2t.data.characters import MAX_CHARS, ElmoConverter
 from t2t.data.permutation_lm import PermutationLmConverter
-from t2t.models import classifiers, decoding, elmo, gpt_format, xlnet_heads
+from t2t.models import classifiers, decoding, elmo, gpt_format, longformer, xlnet_heads
 from t2t.models.bert import BertModel, BertPretrainingModel
 from t2t.models.distill import DistillationModel
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
@@ -79,8 +79,13 @@ BERT = register(Family(
 register(BERT.variant(name="roberta", title="RoBERTa", tokenizer="byte_bpe",
                       hf_model_types=("roberta",),
                       head_styles={"classification": _ROBERTA, "regression": _ROBERTA}))
+register(BERT.variant(name="longformer", title="Longformer", tokenizer="byte_bpe",  # RoBERTa's
+                      hf_model_types=("longformer",), heads=longformer.HEADS,
+                      head_styles={"classification": _ROBERTA, "regression": _ROBERTA}))
 register(BERT.variant(name="albert", title="ALBERT", tokenizer="sentencepiece",
                       hf_model_types=("albert",)))
+register(BERT.variant(name="bigbird", title="BigBird", tokenizer="sentencepiece",
+                      hf_model_types=("big_bird",)))   # attention_pattern: t2t/nn/block_sparse.py
 register(Family(
     "electra", "ELECTRA", ElectraDiscriminator, ElectraPretrainingModel, token_inputs,
     conv.EncoderConverter, ENCODER, generator=True, masked_lm=True, tokenizer="wordpiece",
@@ -105,10 +110,12 @@ register(Family(   # the biLM; its config is an ElmoConfig
     "elmo", "ELMo", elmo.BiLM, elmo.ElmoModel, elmo_inputs, ElmoConverter,
     FlopFormula(decoder=True, forward=elmo.forward_flops), config=elmo.ElmoConfig,
     tokenizer="words"))
-register(Family(
+T5 = register(Family(
     "t5", "T5", EncoderDecoder, EncoderDecoderModel, encoder_decoder_inputs,
     conv.EncDecConverter, ENCODER_DECODER, decoding=decoding.ENCODER_DECODER,
     hf_model_types=("t5",)))
+register(T5.variant(name="bart", title="BART", tokenizer="byte_bpe", hf_model_types=("bart",),
+                   heads={"classification": classifiers.EosClassifier}))
 GPT = register(Family(
     "gpt", "GPT-2", Decoder, DecoderOnlyModel, decoder_inputs, conv.LMConverter, DECODER,
     prefix_converter=conv.PrefixLMConverter, decoding=decoding.DECODER_ONLY,

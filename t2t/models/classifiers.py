@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 
 from t2t.models import losses
@@ -30,7 +31,8 @@ from t2t.models.heads import BERT_POOLER, Classifier, Pooler, PoolerStyle
 from t2t.nn.config import TransformerConfig
 from t2t.nn.dropout import Dropout
 from t2t.nn.embed import token_embed
-from t2t.nn.stacks import Decoder, Encoder
+from t2t.errors import ConfigError
+from t2t.nn.stacks import Decoder, Encoder, EncoderDecoder
 
 _log = logging.getLogger(__name__)
 
@@ -243,6 +245,65 @@ class DecoderTokenHead(nn.Module):
         return self.tagger(hidden, deterministic=deterministic)
 
 
+def shift_inputs_right(tokens: jax.Array, start_id: int) -> jax.Array:
+    """BART's decoder inputs of a classification row: the row shifted right by one,
+    `start_id` first ([batch, length] -> [batch, length]; as HF's `shift_tokens_right`)."""
+    start = jnp.full(tokens.shape[:-1] + (1,), start_id, tokens.dtype)
+    return jnp.concatenate([start, tokens[..., :-1]], axis=-1)
+
+
+def last_eos_index(tokens: jax.Array, segment_ids: Optional[jax.Array], eos_id: int) -> jax.Array:
+    """Index of each row's last `eos_id` among its real tokens [batch]; a row without one:
+    its last real token (`last_token_index`)."""
+    b, l = tokens.shape
+    real = jnp.ones_like(tokens, bool) if segment_ids is None else segment_ids > 0
+    idx = jnp.arange(l, dtype=jnp.int32)
+    is_eos = (tokens == eos_id) & real
+    return jnp.where(jnp.any(is_eos, axis=-1), jnp.max(jnp.where(is_eos, idx, -1), axis=-1),
+                     last_token_index(segment_ids, l, b))
+
+
+# BART's classification head: dropout, dense, tanh, dropout, out_proj
+BART_HEAD = PoolerStyle("tanh", dropout_first=True)
+
+
+class EosPooledHead(EncoderDecoder):
+    """BART sequence classification (Lewis et al. 2020, sec. 3.1): the same row feeds the
+    encoder and, shifted right with `config.decoder_start_id` first, the decoder; the
+    decoder's final state at the row's last `eos_id` (`last_eos_index`) goes through the
+    classification head (`style`: dropout -> dense -> tanh -> dropout -> dense) ->
+    [batch, num_outputs]. Parameters as `EncoderDecoder`'s (`token_embedder`, `encoder`,
+    `decoder`; the decoder's logits bias is not used) plus `pooler` and `classifier`."""
+
+    num_outputs: int = 2
+    eos_id: int = 2
+    style: PoolerStyle = BART_HEAD
+
+    def setup(self):
+        super().setup()
+        cfg = self.config
+        self.pooler = Pooler(cfg, self.style.activation, name="pooler")
+        self.first_dropout = Dropout(cfg.dropout_rate if self.style.dropout_first else 0.0)
+        self.classifier = Classifier(cfg, self.num_outputs, name="classifier")
+
+    def __call__(self, encoder_input_tokens, encoder_segment_ids=None, token_type_ids=None,
+                 encoder_positions=None, decoder_input_tokens=None, *,
+                 deterministic: bool = True) -> jax.Array:
+        del token_type_ids          # BART has no token types
+        if decoder_input_tokens is None:
+            decoder_input_tokens = shift_inputs_right(encoder_input_tokens,
+                                                      self.config.decoder_start_id)
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                              deterministic=deterministic)
+        hidden = self.decoder(decoder_input_tokens, encoded, None, encoder_segment_ids,
+                              deterministic=deterministic, return_hidden=True)   # [b, l, d]
+        b = encoder_input_tokens.shape[0]
+        last = last_eos_index(encoder_input_tokens, encoder_segment_ids, self.eos_id)
+        row = self.first_dropout(hidden[jnp.arange(b), last][:, None],
+                                 deterministic=deterministic)                   # [b, 1, d]
+        return self.classifier(self.pooler(row), deterministic=deterministic)
+
+
 # ----------------------------------------------------------------------------- pretrained
 @dataclasses.dataclass
 class LoadReport:
@@ -392,6 +453,10 @@ class FineTuningModel(Model):
             _log.warning("the pretrained head does not fit this task, initialised fresh: %s",
                          ", ".join(reports[-1].reset))
         return (params, reports[-1]) if return_report else params
+
+    def derived_features(self, features: Batch) -> Batch:
+        """The features this model reads beyond a task's rows, added (none here)."""
+        return features
 
     def weights(self, batch: Batch) -> jax.Array:
         return example_weights(batch, self.weight_key)
@@ -611,6 +676,38 @@ class MultipleChoice(FineTuningModel):
     def predict(self, params, batch: Batch, **_) -> jax.Array:
         """Chosen index [batch]."""
         return jnp.argmax(self._choice_logits(params, batch), axis=-1)
+
+
+class EosClassifier(SequenceClassifier):
+    """BART's sequence classifier (`EosPooledHead`): `SequenceClassifier`'s loss, score and
+    predict over encoder rows (`classification_examples`); the decoder reads them shifted
+    right (`decoder_input_tokens`, made here when a batch lacks them). A pretrained
+    `EncoderDecoder` tree (HF BART, a t2t BART checkpoint) loads into the trunk; `pooler`
+    and `classifier` start fresh."""
+
+    family = "bart"
+    input_features = ENCODER_FEATURES + ("decoder_input_tokens",)
+    required_modules = ("token_embedder", "encoder", "decoder")
+
+    def __init__(self, config: TransformerConfig, num_classes: int, pooling: str = "cls",
+                 bilstm_units: Optional[int] = None, eos_id: int = 2,
+                 loss: LossConfig = LossConfig(z_loss=0.0), pretrained: Optional[Params] = None,
+                 style: PoolerStyle = BART_HEAD):
+        if pooling != "cls" or bilstm_units:
+            raise ConfigError("the BART head classifies from the decoder's last </s>: no "
+                              "pooling or bilstm_units")
+        FineTuningModel.__init__(self, config, EosPooledHead(config, num_classes, eos_id, style),
+                                 loss, pretrained)
+        self.num_classes = num_classes
+
+    def derived_features(self, features: Batch) -> Batch:
+        """`features` with `decoder_input_tokens` (`shift_inputs_right`) where they lack
+        them: training rows carry them so that the step's FLOPs count the decoder."""
+        if "decoder_input_tokens" in features:
+            return features
+        shifted = shift_inputs_right(jnp.asarray(features["encoder_input_tokens"]),
+                                     self.config.decoder_start_id)
+        return {**features, "decoder_input_tokens": np.asarray(shifted, np.int32)}
 
 
 class LastTokenClassifier(SequenceClassifier):

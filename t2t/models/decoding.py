@@ -8,9 +8,10 @@ Two layers:
   chosen at step `i - 1` and returns the logits for step `i`, plus the logits of step 0
   and the cache after the prompt;
 * `decode(model, params, batch, ...)`, which builds that step function for an
-  `EncoderDecoderModel` (encode once; the decoder starts from token 0 and cross-attends
-  the encoded inputs every step) or a `DecoderOnlyModel` (one prefill call over the prompt,
-  prefix-LM mask included, then generation after it).
+  `EncoderDecoderModel` (encode once; the decoder starts from the config's
+  `decoder_start_id`, T5 0 and BART 2, and cross-attends the encoded inputs every step)
+  or a `DecoderOnlyModel` (one prefill call over the prompt, prefix-LM mask included,
+  then generation after it).
 
 Finished sequences emit pad (0) after their EOS. Decoder-only prompts are left-padded to a
 common width inside `decode`, so that every example's generation starts at the same cache
@@ -150,7 +151,8 @@ def _map_batch_axis(fn: Callable[[jax.Array, int], jax.Array], cache: Cache,
 
 def beam_search(logits_fn: LogitsFn, first_logits: jax.Array, cache: Cache, *,
                 max_decode_length: int, cache_batch_axes: Any, beam_size: int = 4,
-                alpha: float = 0.6, eos_id: Optional[int] = 1) -> BeamOutput:
+                alpha: float = 0.6, eos_id: Optional[int] = 1,
+                finish_in_beam: Union[bool, jax.Array] = False) -> BeamOutput:
     """Beam search with the GNMT/T5 length penalty; returns the best beam and all beams.
 
     first_logits [batch, V] and `cache` are per example; the cache is tiled to
@@ -158,8 +160,14 @@ def beam_search(logits_fn: LogitsFn, first_logits: jax.Array, cache: Cache, *,
     reordered by gathering the chosen parent beams every step, so `logits_fn` must accept
     batch*beam rows (example-major). Each step keeps the 2*beam best expansions: those
     ending in EOS join the finished pool (score = log p / penalty(length incl. EOS)), the
-    best `beam` others stay live. At the last step every live beam is finished as is. The
+    best `beam` others stay live. At the last step every expansion is finished as is. The
     loop stops when no live beam can still beat the worst finished one.
+
+    `finish_in_beam`: an expansion finishes (by EOS or at the last step) only when it ranks
+    among the best `beam` of the step's 2*beam, as in fairseq's beam search (BART's own)
+    and transformers' `generate`; the others that end in EOS are dropped. False: any of
+    the 2*beam (T5X's). With alpha 0 (no length penalty) and `finish_in_beam`, the tokens
+    are transformers' with `length_penalty=0.0` (tests/models/test_bart.py).
     """
     batch, vocab = first_logits.shape
     k, n = beam_size, max_decode_length
@@ -178,17 +186,18 @@ def beam_search(logits_fn: LogitsFn, first_logits: jax.Array, cache: Cache, *,
         parent, token = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
         seqs = gather(live_seqs, parent)                                # [batch, 2k, n]
         seqs = jnp.where(jnp.arange(n) == i, token[..., None], seqs)
-        ends = i == n - 1
+        stops = jnp.broadcast_to(i == n - 1, token.shape)               # [batch, 2k]
         if eos_id is not None:
-            ends = ends | (token == eos_id)
-        ends = ends & (top_lp > NEG_INF)
+            stops = stops | (token == eos_id)
+        in_beam = jnp.arange(2 * k) < k                                 # top_k is sorted
+        ends = stops & (top_lp > NEG_INF) & (in_beam | ~jnp.asarray(finish_in_beam, bool))
         # Finished pool: old finished + new ones, best k by penalized score.
         new_scores = jnp.where(ends, top_lp / length_penalty(i + 1, alpha), NEG_INF)
         pool_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
         fin_scores, pick = lax.top_k(pool_scores, k)
         fin_seqs = gather(jnp.concatenate([fin_seqs, seqs], axis=1), pick)
         # Live beams: best k expansions that did not end.
-        live_lp, pick = lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
+        live_lp, pick = lax.top_k(jnp.where(stops, NEG_INF, top_lp), k)
         live_seqs = gather(seqs, pick)
         source = (rows * k + gather(parent, pick)).reshape(-1)         # [batch*k]
         cache = _map_batch_axis(lambda x, ax: jnp.take(x, source, axis=ax), cache,
@@ -273,8 +282,9 @@ def _encoder_decoder(model, params, batch, rng, knobs, strategy, max_decode_leng
             return logits[:, -1].astype(jnp.float32), state["cache"]
         return logits_fn
 
-    # Step 0 feeds the start token 0 at slot 0.
-    first_logits, cache = logits_fn_for(1)(jnp.zeros((b,), jnp.int32), make_cache(b), 0)
+    # Step 0 feeds the start token (config.decoder_start_id: T5 0, BART 2) at slot 0.
+    start = jnp.full((b,), module.config.decoder_start_id, jnp.int32)
+    first_logits, cache = logits_fn_for(1)(start, make_cache(b), 0)
     return _run_strategy(strategy, logits_fn_for, first_logits, cache,
                          lambda: cache_batch_axes(make_cache, 1), rng, knobs,
                          max_decode_length, beam_size)
@@ -356,7 +366,8 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
 
     model: a model of a family that decodes (`Family.decoding`): an encoder-decoder
     (`ENCODER_DECODER`, T5's `EncoderDecoderModel`: uses `encoder_input_tokens` and, if
-    present, `encoder_segment_ids` / `encoder_positions`; decoding starts from token 0) or
+    present, `encoder_segment_ids` / `encoder_positions`; decoding starts from
+    `config.decoder_start_id`: T5 0, BART 2) or
     a decoder-only model (`DECODER_ONLY`, GPT's `DecoderOnlyModel`), which continues a
     prompt: `decoder_input_tokens` [batch, width] (start token 0 first, as training
     inputs) whose first `prompt_lengths` [batch] tokens are the prompt; default lengths
@@ -367,7 +378,8 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
 
     strategy: "greedy"; "sample" with options temperature (1.0), top_k (0: off), top_p
     (1.0: off), seeded by `rng` (default PRNGKey(0)); "beam" with options beam_size (4),
-    alpha (0.6). eos_id None never stops early. One compiled loop per model, strategy,
+    alpha (0.6), finish_in_beam (False; True: fairseq's and transformers' rule, see
+    `beam_search`). eos_id None never stops early. One compiled loop per model, strategy,
     length and beam size: eos_id and the other options are traced, so changing them does
     not recompile. return_aux=True returns (tokens, aux): aux["steps"] is the number of
     positions decoded before the loop stopped; beam search adds aux["beams"]
@@ -378,13 +390,13 @@ def decode(model, params, batch: Mapping[str, Any], *, max_decode_length: int,
     if max_decode_length < 1:
         raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
     defaults = {"greedy": {}, "sample": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
-                "beam": {"beam_size": 4, "alpha": 0.6}}[strategy]
+                "beam": {"beam_size": 4, "alpha": 0.6, "finish_in_beam": False}}[strategy]
     if set(options) - set(defaults):
         raise TypeError(f"strategy {strategy!r} takes options {sorted(defaults)}, "
                         f"got {sorted(options)}")
     knobs = {**defaults, **options}
     beam_size = int(knobs.pop("beam_size", 1))
-    knobs = {k: jnp.asarray(v, jnp.int32 if k == "top_k" else jnp.float32)
+    knobs = {k: jnp.asarray(v, {"top_k": jnp.int32, "finish_in_beam": bool}.get(k, jnp.float32))
              for k, v in knobs.items()}
     knobs["eos_id"] = jnp.int32(-1 if eos_id is None else eos_id)  # -1: never stops
     how = families.get(model.family).decoding

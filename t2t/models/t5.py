@@ -30,9 +30,9 @@ class EncoderDecoderModel(chunked_loss.ChunkedDecoderLoss, Model):
 
     def predict(self, params, batch: Batch, *, max_decode_length: Optional[int] = None,
                 strategy: str = "greedy", eos_id: Optional[int] = 1, **options) -> jax.Array:
-        """Encode `encoder_input_tokens` once, decode from start token 0 with the KV cache
-        -> [batch, max_decode_length] (default: the width of `decoder_target_tokens`, else
-        of `decoder_input_tokens`)."""
+        """Encode `encoder_input_tokens` once, decode from `config.decoder_start_id` (T5 0,
+        BART 2) with the KV cache -> [batch, max_decode_length] (default: the width of
+        `decoder_target_tokens`, else of `decoder_input_tokens`)."""
         if max_decode_length is None:
             targets = batch.get("decoder_target_tokens", batch.get("decoder_input_tokens"))
             max_decode_length = targets.shape[1]

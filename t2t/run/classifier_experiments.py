@@ -59,9 +59,11 @@ class ClassifierExperiment(experiment_lib.Experiment):
     max_train_examples: Optional[int] = None
 
     def train_features(self) -> Dict[str, np.ndarray]:
-        """The training split as model features (and labels)."""
-        return classification_examples(self.task, self.task.splits[0], self.vocabulary,
-                                       self.max_length, self.max_train_examples)
+        """The training split as model features (and labels), with those the model makes
+        from them (`derived_features`: BART's decoder inputs)."""
+        return self.trainer.model.derived_features(classification_examples(
+            self.task, self.task.splits[0], self.vocabulary, self.max_length,
+            self.max_train_examples))
 
     def data(self, process_index: Optional[int] = None, process_count: Optional[int] = None):
         return ArrayBatches(self.train_features(), self.batch_size, self.trainer.config.seed,
@@ -72,10 +74,17 @@ class ClassifierExperiment(experiment_lib.Experiment):
 
 
 def reads_bert_rows(family: str) -> bool:
-    """Whether the family's encoder reads BERT's encoder features, the rows these
-    experiments build (BERT, RoBERTa, ALBERT, ELECTRA, SpanBERT, DistilBERT; not XLNet)."""
+    """Whether the family reads BERT's encoder features, the rows these experiments build:
+    its classification head reads them all (BERT, RoBERTa, ALBERT, SpanBERT, BART's
+    `EosClassifier`; not XLNet's, which rearranges them), or, without one, its encoder
+    does (ELECTRA, DistilBERT)."""
     from t2t.data.converters import EncoderConverter
-    return issubclass(families.get(family).converter, EncoderConverter)
+    from t2t.models.classifiers import ENCODER_FEATURES
+    fam = families.get(family)
+    head = fam.heads.get("classification")
+    if head is not None:
+        return set(ENCODER_FEATURES) <= set(head.input_features)
+    return issubclass(fam.converter, EncoderConverter)
 
 
 def bert_trunk(pretrained: Optional[str], vocabulary: Optional[str], lowercase: bool,

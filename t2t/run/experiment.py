@@ -124,6 +124,9 @@ def experiment(feature_lengths: Dict[str, int] = gin.REQUIRED, batch_size: int =
     # prefix LM for inputs->targets tasks) unless one is named
     converter_cls = CONVERTERS[converter] if converter else fam.default_converter(objective)
     kwargs = dict(converter_options or {})
+    if issubclass(converter_cls, conv.EncDecConverter):
+        # the decoder inputs start with the config's start id (T5 0, BART 2), as decoding does
+        kwargs.setdefault("bos_id", model_cfg.decoder_start_id)
     if converter_cls is conv.EncoderConverter:
         kwargs["nsp"] = objective not in NO_NSP_OBJECTIVES
         pack = pack and not kwargs["nsp"]  # one NSP label per row: MLM+NSP rows hold one pair

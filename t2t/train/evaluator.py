@@ -28,6 +28,7 @@ from t2t.data.converters import EncDecConverter
 from t2t.data.sources import InvalidRecord
 from t2t.data.tasks import get_task
 from t2t.models import families
+from t2t.models.classifiers import FineTuningModel
 
 
 def apply_metrics(task: FinetuneTask, targets: Sequence[Any], predictions: Sequence[Any]
@@ -214,7 +215,8 @@ def evaluate(model, params, task: str | FinetuneTask, split: str = "validation",
     if _continues_prompt(model) and hasattr(model, "num_classes"):
         raise ValueError("decoder-only classifiers (LastTokenClassifier) are not supported; "
                          "evaluate a bert classifier or a text-to-text model")
-    if families.get(getattr(model, "family", "t5")).decoding is None:   # a classifier
+    if (isinstance(model, FineTuningModel)     # a classifier (BART's: of a family that decodes)
+            or families.get(getattr(model, "family", "t5")).decoding is None):
         if vocabulary is None:
             raise ValueError("a bert classifier needs its WordPiece `vocabulary`")
         features = classification_examples(task, split, vocabulary, max_length, max_examples)

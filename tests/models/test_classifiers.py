@@ -107,6 +107,21 @@ def bert_batch(tokens, **extra):
             **{k: jnp.asarray(v) for k, v in extra.items()}}
 
 
+def padded_mlm_batch(vocab_size, length, seed=0, rows=6, masked=5):
+    """Random ids above SIGNAL, row i real up to `length` - 3 i; `masked` real positions per
+    row replaced by [MASK] (id 4), their ids the targets."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(SIGNAL + 1, vocab_size, (rows, length)).astype(np.int32)
+    ends = length - 3 * np.arange(rows)
+    segments = (np.arange(length)[None] < ends[:, None]).astype(np.int32)
+    positions = np.stack([np.sort(rng.choice(end, masked, replace=False)) for end in ends])
+    ids = np.take_along_axis(tokens, positions, 1)
+    np.put_along_axis(tokens, positions, 4, 1)
+    return bert_batch(tokens * segments, masked_positions=positions.astype(np.int32),
+                      masked_ids=ids, masked_weights=np.ones_like(ids, np.float32),
+                      encoder_segment_ids=segments)
+
+
 def outputs(model, batch, **predict_options):
     """`then` for `train`: (predict, (loss, metrics), score) of the trained params."""
     return lambda p: (model.predict(p, batch, **predict_options), model.loss_fn(p, batch),

@@ -328,3 +328,32 @@ def test_tiny_encoder_decoder_learns_to_copy():
     held_out = _copy_batch(np.random.default_rng(123), 64)
     out = np.asarray(model.predict(params, held_out))
     np.testing.assert_array_equal(out, held_out["decoder_target_tokens"])
+
+
+def test_beam_search_finish_in_beam_drops_eos_outside_the_beam():
+    """Beam 2, alpha 0, EOS = 1. Step 0: p(3) .4, p(4) .35, p(EOS) .2 (rank 3 of the 4
+    expansions); after that p(EOS) .35, p(5) .25. T5X's rule finishes [EOS] at step 0
+    (log .2 = -1.61 beats log .4 + log .35 = -1.97 of [3, EOS]); fairseq's (and
+    transformers') `finish_in_beam` drops it, finishes [3, EOS] and [4, EOS] at step 1 and
+    stops: [3, 5] (-2.30) cannot beat [4, EOS] (-2.10)."""
+    def log_probs(pairs):
+        rest = (1.0 - sum(pairs.values())) / (16 - len(pairs))
+        p = jnp.full((16,), rest)
+        for token, prob in pairs.items():
+            p = p.at[token].set(prob)
+        return jnp.log(p)
+    later = log_probs({1: 0.35, 5: 0.25})
+
+    def logits_fn(tokens, cache, i):
+        return jnp.broadcast_to(later, (tokens.shape[0], 16)), cache
+    first = jnp.broadcast_to(log_probs({3: 0.4, 4: 0.35, 1: 0.2}), (1, 16))
+    run = lambda finish: decoding.beam_search(  # noqa: E731
+        logits_fn, first, {"step": jnp.zeros((1, 1))}, max_decode_length=6,
+        cache_batch_axes={"step": 0}, beam_size=2, alpha=0.0, finish_in_beam=finish)
+    t5x, fairseq = run(False), run(True)
+    np.testing.assert_array_equal(t5x.tokens, [[1, 0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(fairseq.tokens, [[3, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(fairseq.beams[0, 1], [4, 1, 0, 0, 0, 0])
+    np.testing.assert_allclose(fairseq.scores[0], [np.log(.4 * .35), np.log(.35 * .35)],
+                               rtol=1e-6)
+    assert int(fairseq.steps) == 2

@@ -18,8 +18,8 @@ from t2t.nn.config import TransformerConfig
 CONFIG = TransformerConfig(vocab_size=128, d_model=16, num_heads=2, head_dim=8, d_ff=32,
                            num_encoder_layers=1, num_decoder_layers=1, max_length=32,
                            dtype="float32")
-BUILT_IN = ["bert", "roberta", "albert", "electra", "spanbert", "distill", "xlnet", "elmo",
-            "t5", "gpt", "gpt1"]
+BUILT_IN = ["bert", "roberta", "longformer", "albert", "bigbird", "electra", "spanbert",
+            "distill", "xlnet", "elmo", "t5", "bart", "gpt", "gpt1"]
 
 
 # ----------------------------------------------------------------------- a toy family
@@ -83,7 +83,8 @@ def test_a_family_from_one_file_trains_through_t2t_train(bigram, tmp_path, capsy
 def test_every_family_is_registered_once():
     assert families.names() == BUILT_IN
     assert families.names(variants=False) == [n for n in BUILT_IN
-                                              if n not in ("roberta", "albert", "gpt1")]
+                                              if n not in ("roberta", "longformer", "albert",
+                                                           "bigbird", "bart", "gpt1")]
     with pytest.raises(ValueError, match="already registered"):
         families.register(families.get("bert"))
     with pytest.raises(ValueError, match="unknown model family 'lstm'"):

@@ -5,30 +5,18 @@ command line on a sentence-pair CSV task: `t2t eval` scores the directory with i
 tokenizer (predictions = transformers' argmax on the rows AutoTokenizer builds: RoBERTa's
 `<s> a </s></s> b </s>`, ALBERT's `[CLS] a [SEP] b [SEP]` with token types), and `t2t
 finetune`'s first loss is transformers' cross entropy on those rows."""
-import csv
 
 import pytest
 import sentencepiece
-import tokenizers
 import torch
 import transformers as t
 
-from tests.run.helpers import check_eval_and_finetune
+from tests.run.helpers import (LABELS, LENGTH, TRAIN, check_eval_and_finetune,
+                               byte_bpe_tokenizer, hf_pair_logits, save_classifier,
+                               write_pair_task)
 from tests.convert.helpers import BERTISH, perturb
 from tests.data.helpers import verses
 from tests.run.test_hf_classifier import FAST
-
-LENGTH, TRAIN, TEST = 40, 16, 6     # the first batch is the whole training split
-LABELS = ["calm", "storm"]
-
-
-WORDS = ("the Lord said to them and he went into house of God people king land day "
-         "came all Israel son").split()
-
-
-def _sentence(i: int, n: int) -> str:
-    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n))
-
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
@@ -36,29 +24,12 @@ def task(tmp_path_factory):
     to train tokenizers on, and the command's flags."""
     root = tmp_path_factory.mktemp("hf_successors")
     lines = verses(1000)
-    rows = [(_sentence(i, 5), _sentence(i + 11, 4), LABELS[i % 3 == 0])
-            for i in range(TRAIN + TEST)]
-    for name, part in (("train", rows[:TRAIN]), ("test", rows[TRAIN:])):
-        with open(root / f"{name}.csv", "w", newline="") as f:
-            csv.writer(f).writerows([("text", "text2", "label"), *part])
-    flags = ["--gin_file=experiments/finetune_bert_from_files.gin",
-             f"--gin.TRAIN_FILES={root}/train.csv", f"--gin.TEST_FILES={root}/test.csv",
-             "--gin.TEXT_FIELD=text", "--gin.TEXT_PAIR_FIELD=text2",
-             "--gin.LABEL_FIELD=label", "--gin.EPOCHS=None", "--gin.TRAIN_STEPS=1",
-             f"--gin.MAX_LENGTH={LENGTH}", f"--gin.BATCH_SIZE={TRAIN}",
-             *[f"--gin={b}" for b in FAST]]
+    rows, flags = write_pair_task(root, FAST)
     return root, rows, lines, flags
 
 
 def _roberta(path, lines):
-    trained = tokenizers.ByteLevelBPETokenizer()
-    trained.train_from_iterator(lines, vocab_size=600, show_progress=False,
-                                special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-    files = path.parent / f"{path.name}_bpe"
-    files.mkdir()
-    trained.save_model(str(files))
-    tokenizer = t.RobertaTokenizerFast(vocab_file=str(files / "vocab.json"),
-                                       merges_file=str(files / "merges.txt"))
+    tokenizer = byte_bpe_tokenizer(path, lines, t.RobertaTokenizerFast)
     config = t.RobertaConfig(vocab_size=len(tokenizer), type_vocab_size=1, pad_token_id=1,
                              **dict(BERTISH, max_position_embeddings=LENGTH + 2))
     return tokenizer, config, t.RobertaForSequenceClassification
@@ -87,22 +58,9 @@ def hf_dir(request, task, tmp_path_factory):
     config.num_labels = len(LABELS)
     model = cls(config).eval()
     perturb(model, 0.3)
-    tokenizer.save_pretrained(str(path))
-    tokenizer = t.AutoTokenizer.from_pretrained(str(path))
-    # the output bias centred on the test rows: both labels are predicted
     output = getattr(model.classifier, "out_proj", model.classifier)
-    with torch.no_grad():
-        output.bias -= _hf_logits(model, tokenizer, task[1][TRAIN:]).median(0).values
-    model.save_pretrained(path, safe_serialization=True)
+    tokenizer = save_classifier(path, model, tokenizer, output, task[1][TRAIN:])
     return path, model, tokenizer
-
-
-def _hf_logits(model, tokenizer, rows):
-    batch = tokenizer([r[0] for r in rows], [r[1] for r in rows], padding="max_length",
-                      max_length=LENGTH, return_tensors="pt")
-    assert int(batch["attention_mask"].sum(-1).max()) < LENGTH     # nothing was cut
-    with torch.no_grad():
-        return model(**batch).logits
 
 
 def test_eval_scores_it_with_its_tokenizer_and_finetune_continues_from_its_head(
@@ -113,8 +71,8 @@ def test_eval_scores_it_with_its_tokenizer_and_finetune_continues_from_its_head(
 
     train, test = rows[:TRAIN], rows[TRAIN:]
     argmax = check_eval_and_finetune(flags, tmp_path, LABELS, [r[2] for r in test],
-                                     _hf_logits(model, tokenizer, test), [r[2] for r in train],
-                                     _hf_logits(model, tokenizer, train))
+                                     hf_pair_logits(model, tokenizer, test), [r[2] for r in train],
+                                     hf_pair_logits(model, tokenizer, train))
     assert set(argmax) == {0, 1}        # both labels predicted: the comparison says something
 
 
