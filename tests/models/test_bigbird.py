@@ -50,7 +50,7 @@ def _square_shapes(fn, *args):
 def test_mlm_pretraining_learns_without_a_length_squared_matrix():
     model = families.make_model("bigbird", BIGBIRD)
     batch = _mlm_batch()
-    params = model.init(jax.random.PRNGKey(0), batch)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)   # one compile, not eager ops
     dense = families.make_model("bigbird", BIGBIRD.replace(attention_pattern="dense"))
     assert _square_shapes(lambda p: dense.loss_fn(p, batch), params)      # dense: l x l
     assert not _square_shapes(lambda p: model.loss_fn(p, batch), params)  # block-sparse: none
@@ -62,7 +62,7 @@ def test_mlm_pretraining_learns_without_a_length_squared_matrix():
 
 def test_classification_finetunes_from_the_pretrained_tree():
     pretraining = families.make_model("bigbird", BIGBIRD)
-    trunk = pretraining.init(jax.random.PRNGKey(1), _mlm_batch())
+    trunk = jax.jit(pretraining.init)(jax.random.PRNGKey(1), _mlm_batch())
     tokens, label = sentences(12, length=LENGTH, seed=3)
     batch = bert_batch(tokens, label=label)
     model = families.head("bigbird", "classification")(BIGBIRD, num_classes=2)
@@ -144,7 +144,7 @@ def test_packed_examples_do_not_see_each_other():
     other = tokens.copy()
     other[0, 30:] = rng.integers(SIGNAL + 1, BIGBIRD.vocab_size, LENGTH - 30)
     model = BertModel(BIGBIRD)
-    params = model.init(jax.random.PRNGKey(0), tokens, segments)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, segments)
     encode = jax.jit(lambda t: model.apply(params, t, segments, method=BertModel.encode))
     a, b = np.asarray(encode(tokens)), np.asarray(encode(other))
     np.testing.assert_array_equal(a[0, :30], b[0, :30])

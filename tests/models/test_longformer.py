@@ -54,8 +54,8 @@ def _mlm_batch():
 def test_mlm_pretraining_learns():
     model = families.make_model("longformer", LONGFORMER)
     batch = _mlm_batch()
-    params = model.init(jax.random.PRNGKey(0), batch)
-    _, losses = train(model, params, batch, steps=60, lr=3e-3)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)   # jitted here and below:
+    _, losses = train(model, params, batch, steps=60, lr=3e-3)  # one compile, not many eager ops
     print(f"Longformer MLM loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.1 * losses[0]
@@ -75,7 +75,7 @@ def _far_signal(n, seed):
 
 def test_classification_sees_the_whole_input_through_the_global_cls():
     pretraining = families.make_model("longformer", LONGFORMER)
-    trunk = pretraining.init(jax.random.PRNGKey(1), _mlm_batch())
+    trunk = jax.jit(pretraining.init)(jax.random.PRNGKey(1), _mlm_batch())
     tokens, label = _far_signal(12, seed=3)
     batch = bert_batch(tokens, label=label)
     model = families.head("longformer", "classification")(LONGFORMER, num_classes=2)
@@ -91,8 +91,8 @@ def test_classification_sees_the_whole_input_through_the_global_cls():
     local = {**batch, lf.GLOBAL_FEATURE: jnp.zeros_like(batch["encoder_input_tokens"])}
     filler = {**local, "encoder_input_tokens": jnp.where(
         batch["encoder_input_tokens"] == SIGNAL, SIGNAL + 1, batch["encoder_input_tokens"])}
-    np.testing.assert_allclose(model.apply(params, local), model.apply(params, filler),
-                               atol=1e-6)
+    apply = jax.jit(model.apply)
+    np.testing.assert_allclose(apply(params, local), apply(params, filler), atol=1e-6)
 
 
 def test_span_qa_puts_global_attention_on_the_question():
@@ -103,14 +103,15 @@ def test_span_qa_puts_global_attention_on_the_question():
     batch = bert_batch(tokens, context_mask=context, start_positions=np.full(4, 10),
                        end_positions=np.full(4, 12))
     model = families.head("longformer", "span_qa")(LONGFORMER)
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), batch))
-    loss, _ = model.loss_fn(params, batch)
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), batch))
+    loss, _ = jax.jit(model.loss_fn)(params, batch)
     assert np.isfinite(loss)
     question = {**batch, lf.GLOBAL_FEATURE: jnp.asarray(~context)}
     none = {**batch, lf.GLOBAL_FEATURE: jnp.zeros(context.shape, jnp.int32)}
-    default = model.apply(params, batch)["start_logits"]
-    np.testing.assert_array_equal(default, model.apply(params, question)["start_logits"])
-    assert not np.allclose(default, model.apply(params, none)["start_logits"])
+    apply = jax.jit(model.apply)
+    default = apply(params, batch)["start_logits"]
+    np.testing.assert_array_equal(default, apply(params, question)["start_logits"])
+    assert not np.allclose(default, apply(params, none)["start_logits"])
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """Longformer sliding-window + global attention (t2t/nn/longformer.py) against a dense
 reference with an explicit l x l mask, the Encoder's plumbing, and the config checks."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -51,8 +53,9 @@ def _check(valid, global_tokens, seg, window, max_global, with_global_qkv=True):
     slots = longformer.global_slots(mask.global_tokens & mask.valid, max_global,
                                     valid.shape[1], valid.shape[0])
     global_qkv = (longformer.gather(gq, slots), gk, gv) if with_global_qkv else None
-    out = longformer.sliding_window_attention(q, k, v, mask, window=window, slots=slots,
-                                              scale=0.5, global_qkv=global_qkv)
+    attend = jax.jit(functools.partial(longformer.sliding_window_attention, window=window,
+                                       scale=0.5))      # one compile, not many eager ops
+    out = attend(q, k, v, mask, slots=slots, global_qkv=global_qkv)
     if not with_global_qkv:
         gq, gk, gv = q, k, v
     ref = dense_reference(q, k, v, gq, gk, gv, valid, global_tokens,
@@ -121,25 +124,26 @@ def test_encoder_with_a_window_covering_the_input_is_the_dense_encoder():
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 11), 1, 50)
     seg = jnp.ones((2, 11), jnp.int32).at[1, 8:].set(0)
     sparse = Encoder(_cfg(attention_pattern="sliding_window", attention_window=(24,)))
-    params = sparse.init(jax.random.PRNGKey(0), tokens, seg)
+    params = jax.jit(sparse.init)(jax.random.PRNGKey(0), tokens, seg)
     assert "query_global" in params["params"]["layers"]["layer_1"]["self_attention"]
     dense = Encoder(_cfg())
-    out = sparse.apply(params, tokens, seg)
-    ref = dense.apply(params, tokens, seg)
+    out = jax.jit(sparse.apply)(params, tokens, seg)
+    ref = jax.jit(dense.apply)(params, tokens, seg)
     np.testing.assert_allclose(np.asarray(out)[seg > 0], np.asarray(ref)[seg > 0], atol=1e-5)
 
 
 def test_encoder_windows_per_layer_and_global_tokens_change_the_output():
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 12), 1, 50)
     narrow = Encoder(_cfg(attention_pattern="sliding_window", attention_window=(2, 4)))
-    params = narrow.init(jax.random.PRNGKey(0), tokens)
+    params = jax.jit(narrow.init)(jax.random.PRNGKey(0), tokens)   # jitted: one compile,
     wide = Encoder(_cfg(attention_pattern="sliding_window", attention_window=(2, 8)))
-    a, b = narrow.apply(params, tokens), wide.apply(params, tokens)
-    assert not np.allclose(a, b)
+    a, b = jax.jit(narrow.apply)(params, tokens), jax.jit(wide.apply)(params, tokens)
+    assert not np.allclose(a, b)                                  # not hundreds of eager ones
     first = jnp.zeros((1, 12), jnp.int32).at[0, 0].set(1)
-    c = narrow.apply(params, tokens, global_tokens=first)
+    c = jax.jit(narrow.apply)(params, tokens, global_tokens=first)
     assert not np.allclose(a, c)
-    grads = jax.grad(lambda p: narrow.apply(p, tokens, global_tokens=first).sum())(params)
+    grads = jax.jit(jax.grad(lambda p: narrow.apply(p, tokens, global_tokens=first).sum()))(
+        params)
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(grads))
 
 
@@ -207,12 +211,12 @@ def test_one_window_for_every_layer_scans_the_layers():
     seg = jnp.ones((2, 12), jnp.int32).at[1, 9:].set(0)
     first = jnp.zeros((2, 12), jnp.int32).at[:, 0].set(1)
     loop = Encoder(_cfg(attention_pattern="sliding_window", attention_window=(4,)))
-    params = nn.unbox(loop.init(jax.random.PRNGKey(0), tokens, seg))["params"]
+    params = nn.unbox(jax.jit(loop.init)(jax.random.PRNGKey(0), tokens, seg))["params"]
     layers = params["layers"]
     stacked = {**params, "layers": {"layer": jax.tree.map(
         lambda *x: jnp.stack(x), layers["layer_0"], layers["layer_1"])}}
     scan = Encoder(_cfg(attention_pattern="sliding_window", attention_window=(4,),
                         scan_layers=True))
-    out = scan.apply({"params": stacked}, tokens, seg, global_tokens=first)
-    ref = loop.apply({"params": params}, tokens, seg, global_tokens=first)
+    out = jax.jit(scan.apply)({"params": stacked}, tokens, seg, global_tokens=first)
+    ref = jax.jit(loop.apply)({"params": params}, tokens, seg, global_tokens=first)
     np.testing.assert_allclose(np.asarray(out)[seg > 0], np.asarray(ref)[seg > 0], atol=1e-5)
