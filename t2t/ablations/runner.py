@@ -10,6 +10,7 @@ nothing: ``config.sha256`` in the stage directory records what it ran. Directory
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import glob
@@ -190,33 +191,66 @@ def stage_precision(config_str: str) -> Optional[str]:
     return note.group(1) if note else bound.group(1) if bound else None
 
 
-def ran_on_another_host(stage_dir: str, config_str: str, upstream: str = "") -> Optional[str]:
+def ran_as_this(stage_dir: str, config_str: str, upstream: str = "") -> Optional[str]:
     """The fingerprint `stage_dir` finished under, when it ran this configuration from this
-    `upstream` on another kind of host, where dtype 'auto' resolved otherwise (bfloat16 on a
-    CPU with AVX512-BF16/AMX, float32 on an AVX2-only one): a finished stage stands as it ran
-    (its result records the precision), so a grid continues across kinds of host. A stage
-    that stopped there is a ConfigError: resuming it here would mix two precisions."""
+    `upstream` but wrote it otherwise, so that its fingerprint differs: on another kind of
+    host, where dtype 'auto' resolved otherwise (bfloat16 on a CPU with AVX512-BF16/AMX,
+    float32 on an AVX2-only one), or under an older t2t whose `TransformerConfig` lacked
+    fields this one lists at their defaults (`_without_newer_defaults`). A finished stage
+    stands as it ran (its result records the precision), so a grid continues across kinds of
+    host and t2t versions. A stage that stopped on another kind of host is a ConfigError:
+    resuming it here would mix two precisions."""
     ran = read_text(os.path.join(stage_dir, "config.gin"))
     sha = read_text(os.path.join(stage_dir, "config.sha256"))
-    notes = [_PRECISION_NOTE.search(text or "") for text in (ran, config_str)]
-    if (ran is None or sha != fingerprint(ran, upstream) or None in notes
-            or notes[0].group(0) == notes[1].group(0)
-            or _PRECISION_NOTE.sub("", ran) != _PRECISION_NOTE.sub("", config_str)):
+    if ran is None or sha != fingerprint(ran, upstream):
         return None
-    if not os.path.exists(os.path.join(stage_dir, "stage.json")):
-        theirs, ours = (n.group(2).rstrip(".") for n in notes)
+    ours = _without_newer_defaults(config_str, ran)
+    notes = [_PRECISION_NOTE.search(text) for text in (ran, ours)]
+    other_host = None not in notes and notes[0].group(0) != notes[1].group(0)
+    if ((ours == config_str and not other_host)
+            or _PRECISION_NOTE.sub("", ran) != _PRECISION_NOTE.sub("", ours)):
+        return None
+    if other_host and not os.path.exists(os.path.join(stage_dir, "stage.json")):
+        theirs, here = (n.group(2).rstrip(".") for n in notes)
         raise ConfigError(
             f"{stage_dir} stopped on another kind of host, where dtype 'auto' meant {theirs}; "
-            f"here it means {ours}. Resume it on a host of that kind, or move the directory "
+            f"here it means {here}. Resume it on a host of that kind, or move the directory "
             "away to run it again here")
     return sha
 
 
+# One binding of the operative config, with the lines gin wraps a long value onto.
+_BINDING = re.compile(r"^([\w.]+) = ([^\n]*(?:\n[ \t]+[^\n]*)*)\n?", re.MULTILINE)
+
+
+def _without_newer_defaults(config_str: str, ran: str) -> str:
+    """`config_str` without its `TransformerConfig.<field> = <default>` lines for the fields
+    `ran` (an older operative config, which lists every field it had) does not list: a field
+    t2t added since, at its default, changes nothing the older run computed."""
+    from t2t.nn.config import TransformerConfig
+    known = {m.group(1) for m in _BINDING.finditer(ran)}
+    defaults = {f"TransformerConfig.{f.name}": f.default
+                for f in dataclasses.fields(TransformerConfig)
+                if f.default is not dataclasses.MISSING}
+
+    def newer_default(m: re.Match) -> bool:
+        name = m.group(1)
+        if name in known or name not in defaults:
+            return False
+        try:
+            value = ast.literal_eval(m.group(2).strip())
+        except (ValueError, SyntaxError):
+            return False
+        default = defaults[name]
+        return value == (tuple(default) if isinstance(default, list) else default)
+
+    return _BINDING.sub(lambda m: "" if newer_default(m) else m.group(0), config_str)
+
+
 def stage_fingerprint(stage_dir: str, config_str: str, upstream: str = "") -> str:
     """The fingerprint a stage runs under: `fingerprint`'s, or the one `stage_dir` finished
-    under on another kind of host (`ran_on_another_host`)."""
-    return (ran_on_another_host(stage_dir, config_str, upstream)
-            or fingerprint(config_str, upstream))
+    under when it ran this configuration written otherwise (`ran_as_this`)."""
+    return ran_as_this(stage_dir, config_str, upstream) or fingerprint(config_str, upstream)
 
 
 def result_precision(out_dir: str, grid: Grid, cell: Cell, seed: int) -> Optional[str]:

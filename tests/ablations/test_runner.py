@@ -279,7 +279,7 @@ def test_a_stage_run_on_another_kind_of_host_stands_as_it_ran(ran, tmp_path, mon
         f"# TransformerConfig.dtype 'auto' resolved to '{other}' on this host: x.", ours)
     (kept / "config.gin").write_text(theirs + "\nTRAIN_STEPS = 3\n")
     (kept / "config.sha256").write_text(runner.fingerprint(theirs + "\nTRAIN_STEPS = 3\n"))
-    assert runner.ran_on_another_host(str(kept), ours) is None
+    assert runner.ran_as_this(str(kept), ours) is None
     assert runner.reuse(str(kept), ours, runner.fingerprint(ours), print) is None   # cleared
     assert os.listdir(kept) == ["config.sha256"]
 
@@ -674,3 +674,29 @@ def test_planning_parses_each_file_list_once_with_the_same_configs(name, tmp_pat
         reused = configs()
         assert gin_utils._FILE_PARSES          # the file lists were kept
     assert fresh and reused == fresh
+
+
+def test_a_stage_from_before_new_transformer_fields_is_not_stale(tmp_path):
+    """An older t2t's operative config lacks the TransformerConfig fields added since; at
+    their defaults they change nothing, so the finished stage keeps its fingerprint (and
+    is not cleared and rerun); a new field bound otherwise, or any other new line, is a
+    changed configuration."""
+    ours = ("TRAIN_STEPS = 3\nTransformerConfig.attention_pattern = 'dense'\n"
+            "TransformerConfig.attention_window = (512,)\nTransformerConfig.d_model = 16\n"
+            "TransformerConfig.funnel_blocks = ()\n")
+    old = "TRAIN_STEPS = 3\nTransformerConfig.d_model = 16\nTransformerConfig.funnel_blocks = ()\n"
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "config.gin").write_text(old)
+    (stage / "config.sha256").write_text(runner.fingerprint(old, "up"))
+    (stage / "stage.json").write_text("{}")
+    assert runner.ran_as_this(str(stage), ours, "up") == runner.fingerprint(old, "up")
+    assert runner.stage_fingerprint(str(stage), ours, "up") == runner.fingerprint(old, "up")
+    assert runner.ran_as_this(str(stage), ours, "another upstream") is None
+    for changed in (ours.replace("'dense'", "'block_sparse'"),          # not the default
+                    ours.replace("(512,)", "(256,)"),
+                    ours.replace("d_model = 16", "d_model = 32"),        # a field it had
+                    ours + "NEW_MACRO = 1\n"):                          # not a field
+        assert runner.ran_as_this(str(stage), changed, "up") is None, changed
+    assert runner.reuse(str(stage), ours, runner.stage_fingerprint(str(stage), ours, "up"),
+                        print) == {}                                    # kept, not cleared
