@@ -16,11 +16,10 @@ from t2t.nn.dropout import keep_mask
 from t2t.nn.linformer import LowRankKeys
 from t2t.nn.position import apply_rotary
 from t2t.nn.residual import fixup_bias, fixup_init
-from t2t.nn.sparse_attention import TokenMask
+from t2t.nn.sparse_attention import BIG_NEG, TokenMask
 from t2t.nn.synthesizer import SyntheticLogits, mix_logits, uses_dot_product
 from t2t.precision import GPU_PLATFORMS
 
-BIG_NEG = -1e10  # masked logits; finite so fully-masked (padding) rows stay NaN-free
 # `checkpoint_name`s of the projections, which remat policies may keep (stacks.py)
 QKV_NAMES = ("query_proj", "key_proj", "value_proj")
 OUT_NAME = "out_proj"

@@ -28,9 +28,8 @@ import numpy as np
 
 from t2t.errors import ConfigError
 from t2t.nn import attention_kernels
-from t2t.nn.dropout import keep_mask
+from t2t.nn.sparse_attention import masked_softmax
 
-_NEG = -1e9
 
 
 def use_block_sparse(length: int, block_size: int, num_random_blocks: int) -> bool:
@@ -108,12 +107,8 @@ def block_sparse_mask(length: int, block_size: int, plan: np.ndarray, valid: jax
 
 
 def _softmax_attend(scores, mask, v_dims, v, dtype, dropout_rate=0.0, dropout_rng=None):
-    scores = jnp.where(mask, scores, _NEG)
-    weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1)
-    if dropout_rng is not None and dropout_rate > 0.0:
-        keep = keep_mask(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    return jnp.einsum(v_dims, weights.astype(dtype), v)
+    weights = masked_softmax(scores, mask, dtype, dropout_rate, dropout_rng)
+    return jnp.einsum(v_dims, weights, v)
 
 
 def block_sparse_attention(q, k, v, valid, *, block_size: int, plan: np.ndarray,

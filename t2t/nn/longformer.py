@@ -38,10 +38,7 @@ import numpy as np
 
 from t2t.errors import ConfigError
 from t2t.nn import attention_kernels
-from t2t.nn.dropout import keep_mask
-from t2t.nn.sparse_attention import TokenMask
-
-BIG_NEG = -1e10     # masked logits (finite: a fully masked padding row stays NaN-free)
+from t2t.nn.sparse_attention import TokenMask, masked_softmax
 
 
 def check_longformer_config(cfg) -> None:
@@ -104,14 +101,6 @@ def _key_blocks(x: jax.Array, chunk: int, blocks: int, value=0) -> jax.Array:
     x = _pad(x, chunk, blocks * chunk - x.shape[1] + chunk, value)
     x = x.reshape((x.shape[0], blocks + 2, chunk) + x.shape[2:])
     return jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)
-
-
-def _softmax(logits, mask, dropout_rate, dropout_rng, deterministic, dtype):
-    probs = jax.nn.softmax(jnp.where(mask, logits, BIG_NEG), axis=-1)
-    if not deterministic and dropout_rate > 0.0:
-        keep = keep_mask(dropout_rng, 1.0 - dropout_rate, probs.shape)
-        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-    return probs.astype(dtype)
 
 
 def _splash_local_rows(q, k, v, valid, seg, in_slot, slots, chunk: int) -> jax.Array:
@@ -194,7 +183,8 @@ def _banded_local_rows(q, k, v, valid, seg, in_slot, slots, chunk, dropout_rate,
     g = slots.shape[1]
     logits = jnp.concatenate([glob_logits, band_logits], axis=-1)
     full_mask = jnp.concatenate([glob_mask.reshape(b, blocks, chunk, g), band_mask], axis=-1)
-    probs = _softmax(logits, full_mask[:, None], dropout_rate, rng, deterministic, dtype)
+    probs = masked_softmax(logits, full_mask[:, None], dtype, dropout_rate,
+                           None if deterministic else rng)
     out = (jnp.einsum("bhnqg,bghd->bnqhd", probs[..., :g], gather(v, slots),
                       preferred_element_type=jnp.float32)
            + jnp.einsum("bhnqk,bnkhd->bnqhd", probs[..., g:], _key_blocks(v, chunk, blocks),
@@ -215,7 +205,8 @@ def _with_global_rows(out, q, k, v, valid, seg, slots, global_qkv, scale, dropou
     row_mask = (valid[:, None, :]
                 & (gather(seg, slots)[:, :, None] == seg[:, None, :]))[:, None]  # [b,1,g,l]
     row_logits = jnp.einsum("bghd,blhd->bhgl", gq, gk, preferred_element_type=jnp.float32)
-    row_probs = _softmax(row_logits, row_mask, dropout_rate, rng, deterministic, dtype)
+    row_probs = masked_softmax(row_logits, row_mask, dtype, dropout_rate,
+                               None if deterministic else rng)
     rows = jnp.einsum("bhgl,blhd->bghd", row_probs, gv,
                       preferred_element_type=jnp.float32).astype(dtype)
     return out.at[jnp.arange(b)[:, None], slots].set(rows, mode="drop")

@@ -18,6 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from t2t.errors import ConfigError
+from t2t.nn.dropout import keep_mask
+
+BIG_NEG = -1e10     # masked logits (finite: a fully masked padding row stays NaN-free)
 
 
 @flax.struct.dataclass
@@ -29,6 +32,17 @@ class TokenMask:
     valid: jax.Array
     global_tokens: Optional[jax.Array] = None
     segment_ids: Optional[jax.Array] = None
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array, dtype, dropout_rate: float = 0.0,
+                   dropout_rng: Optional[jax.Array] = None) -> jax.Array:
+    """Softmax over the last axis of `logits` where `mask` (float32), the weights dropped out
+    at `dropout_rate` when `dropout_rng` is given, in `dtype`: both sparse patterns' rows."""
+    probs = jax.nn.softmax(jnp.where(mask, logits, BIG_NEG).astype(jnp.float32), axis=-1)
+    if dropout_rng is not None and dropout_rate > 0.0:
+        keep = keep_mask(dropout_rng, 1.0 - dropout_rate, probs.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    return probs.astype(dtype)
 
 
 def token_mask(input_tokens: jax.Array, segment_ids: Optional[jax.Array],
