@@ -115,7 +115,10 @@ T5 = register(Family(
     conv.EncDecConverter, ENCODER_DECODER, decoding=decoding.ENCODER_DECODER,
     hf_model_types=("t5",)))
 register(T5.variant(name="bart", title="BART", tokenizer="byte_bpe", hf_model_types=("bart",),
-                   heads={"classification": classifiers.EosClassifier}))
+                   heads={"classification": classifiers.EosClassifier,
+                          "regression": classifiers.EosRegressor},
+                   head_styles={"classification": classifiers.BART_HEAD,
+                                "regression": classifiers.BART_HEAD}))
 GPT = register(Family(
     "gpt", "GPT-2", Decoder, DecoderOnlyModel, decoder_inputs, conv.LMConverter, DECODER,
     prefix_converter=conv.PrefixLMConverter, decoding=decoding.DECODER_ONLY,

@@ -245,11 +245,12 @@ class DecoderTokenHead(nn.Module):
         return self.tagger(hidden, deterministic=deterministic)
 
 
-def shift_inputs_right(tokens: jax.Array, start_id: int) -> jax.Array:
+def shift_inputs_right(tokens: jax.Array, start_id: int, xp=jnp) -> jax.Array:
     """BART's decoder inputs of a classification row: the row shifted right by one,
-    `start_id` first ([batch, length] -> [batch, length]; as HF's `shift_tokens_right`)."""
-    start = jnp.full(tokens.shape[:-1] + (1,), start_id, tokens.dtype)
-    return jnp.concatenate([start, tokens[..., :-1]], axis=-1)
+    `start_id` first ([batch, length] -> [batch, length]; as HF's `shift_tokens_right`).
+    `xp`: the array module (jax.numpy in a model; numpy for host rows)."""
+    start = xp.full(tokens.shape[:-1] + (1,), start_id, tokens.dtype)
+    return xp.concatenate([start, tokens[..., :-1]], axis=-1)
 
 
 def last_eos_index(tokens: jax.Array, segment_ids: Optional[jax.Array], eos_id: int) -> jax.Array:
@@ -678,16 +679,30 @@ class MultipleChoice(FineTuningModel):
         return jnp.argmax(self._choice_logits(params, batch), axis=-1)
 
 
-class EosClassifier(SequenceClassifier):
-    """BART's sequence classifier (`EosPooledHead`): `SequenceClassifier`'s loss, score and
-    predict over encoder rows (`classification_examples`); the decoder reads them shifted
-    right (`decoder_input_tokens`, made here when a batch lacks them). A pretrained
-    `EncoderDecoder` tree (HF BART, a t2t BART checkpoint) loads into the trunk; `pooler`
-    and `classifier` start fresh."""
+class BartRows:
+    """What BART's fine-tuning heads (`EosPooledHead`) share: the family, the encoder rows
+    (`classification_examples`) plus `decoder_input_tokens` (the rows shifted right, made
+    here when a batch lacks them), and the trunk a pretrained `EncoderDecoder` tree (HF BART,
+    a t2t BART checkpoint) loads into; `pooler` and `classifier` start fresh unless the tree
+    has them (an HF `BartForSequenceClassification`)."""
 
     family = "bart"
     input_features = ENCODER_FEATURES + ("decoder_input_tokens",)
     required_modules = ("token_embedder", "encoder", "decoder")
+
+    def derived_features(self, features: Batch) -> Batch:
+        """`features` with `decoder_input_tokens` (`shift_inputs_right`) where they lack
+        them: training rows carry them so that the step's FLOPs count the decoder."""
+        if "decoder_input_tokens" in features:
+            return features
+        shifted = shift_inputs_right(np.asarray(features["encoder_input_tokens"], np.int32),
+                                     self.config.decoder_start_id, xp=np)
+        return {**features, "decoder_input_tokens": shifted}
+
+
+class EosClassifier(BartRows, SequenceClassifier):
+    """BART's sequence classifier (`EosPooledHead`): `SequenceClassifier`'s loss, score and
+    predict over BART's rows (`BartRows`)."""
 
     def __init__(self, config: TransformerConfig, num_classes: int, pooling: str = "cls",
                  bilstm_units: Optional[int] = None, eos_id: int = 2,
@@ -700,14 +715,15 @@ class EosClassifier(SequenceClassifier):
                                  loss, pretrained)
         self.num_classes = num_classes
 
-    def derived_features(self, features: Batch) -> Batch:
-        """`features` with `decoder_input_tokens` (`shift_inputs_right`) where they lack
-        them: training rows carry them so that the step's FLOPs count the decoder."""
-        if "decoder_input_tokens" in features:
-            return features
-        shifted = shift_inputs_right(jnp.asarray(features["encoder_input_tokens"]),
-                                     self.config.decoder_start_id)
-        return {**features, "decoder_input_tokens": np.asarray(shifted, np.int32)}
+
+class EosRegressor(BartRows, Regressor):
+    """BART's regression head (HF `BartForSequenceClassification` with one label, its MSE
+    loss): `Regressor`'s loss, score and predict from `EosPooledHead`'s one output."""
+
+    def __init__(self, config: TransformerConfig, pretrained: Optional[Params] = None,
+                 style: PoolerStyle = BART_HEAD, eos_id: int = 2):
+        FineTuningModel.__init__(self, config, EosPooledHead(config, 1, eos_id, style),
+                                 LossConfig(z_loss=0.0), pretrained)
 
 
 class LastTokenClassifier(SequenceClassifier):

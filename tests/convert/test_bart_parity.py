@@ -235,6 +235,41 @@ def test_finetuning_head_starts_from_the_checkpoint(classifier_dir, hf_dirs):
                                   np.asarray(fresh.apply(params, batch)))
 
 
+def test_regression_head_is_one_label_bart_classification(tmp_path):
+    """t2t's regression head (`families.head("bart", "regression")`, `EosRegressor`) from a
+    one-label `BartForSequenceClassification` (problem_type "regression"): its predictions are
+    transformers' logits[:, 0], its loss transformers' MSE on float targets, on a padded
+    batch; the fine-tuning rows' decoder inputs change nothing."""
+    from t2t.models import families
+    torch.manual_seed(3)
+    settings = {k: v for k, v in _hf_config().to_dict().items()
+                if k not in ("id2label", "label2id", "problem_type")}
+    model = transformers.BartForSequenceClassification(_hf_config().__class__(
+        **settings, num_labels=1, problem_type="regression")).eval()
+    assert model.config.num_labels == 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    ids, mask = _pair_rows()
+    target = np.array([0.5, 3.8, -1.25], np.float32)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                    attention_mask=torch.tensor(mask, dtype=torch.long),
+                    labels=torch.tensor(target))
+    loaded = load_pretrained(tmp_path)
+    head = families.head("bart", "regression")(loaded.config, pretrained=loaded.params)
+    batch = {"encoder_input_tokens": ids, "encoder_segment_ids": mask, "target": target}
+    params, report = head.init_from_pretrained(jax.random.PRNGKey(0), batch, loaded.params,
+                                               return_report=True)
+    assert report.new == [] and report.reset == []
+    pred = np.asarray(head.predict(params, batch))
+    assert np.abs(pred - out.logits.numpy()[:, 0]).max() < TOL
+    loss, metrics = head.loss_fn(params, head.derived_features(batch))
+    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
+    assert float(metrics["mae"]) == pytest.approx(np.abs(pred - target).mean(), rel=1e-5)
+
+
 def test_a_classifier_without_its_head_gets_one_initialised(classifier_dir, tmp_path, caplog):
     """A BartForSequenceClassification checkpoint without its classification_head tensors:
     the trunk loads as the full checkpoint's, the head (3 labels, config.json's) starts

@@ -27,7 +27,7 @@ from safetensors.numpy import load_file, save_file
 from t2t.convert import hf as convert
 from t2t.convert.pretrained import PretrainedError, family_of
 from t2t.models import families
-from t2t.models.classifiers import MultipleChoice, SequenceClassifier
+from t2t.models.classifiers import BART_HEAD, MultipleChoice, SequenceClassifier
 from tests.convert.helpers import L, V, padded_batch, perturb, tiny_configs
 
 TOL = 1e-5
@@ -178,6 +178,8 @@ def test_the_registry_binds_each_familys_pooler():
     assert families.head_style("electra", "classification").activation == "gelu"
     assert families.head_style("distill", "multiple_choice").activation == "relu"
     assert families.head("bert", "classification") is SequenceClassifier
+    for kind in ("classification", "regression"):   # an HF BART directory's head keeps
+        assert families.head_style("bart", kind) == BART_HEAD    # its dropout before dense
 
 
 def test_a_head_class_without_a_backbone_tensor_is_one_line(tmp_path):

@@ -48,7 +48,6 @@ def classifier_dir(task, tmp_path_factory):
     return path, model, tokenizer
 
 
-@pytest.mark.slow
 def test_eval_and_finetune_a_bart_classifier_directory(task, classifier_dir, tmp_path):
     """`t2t eval` predicts transformers' argmax on the rows BART's tokenizer builds, and
     `t2t finetune`'s first loss (BART's head, decoder inputs shifted right) is
@@ -208,8 +207,7 @@ def pretrained_run(tmp_path_factory):
     return root / "run", root / "hf"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+@pytest.mark.parametrize("strategy", ["greedy", pytest.param("beam", marks=pytest.mark.slow)])
 def test_infer_equals_transformers_generate_on_the_converted_directory(
         pretrained_run, strategy, monkeypatch, capsys):
     """`t2t infer` of the pretrained tiny BART (greedy; beam 3 with alpha 0) prints, line for
