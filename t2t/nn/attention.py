@@ -253,18 +253,23 @@ class MultiHeadAttention(nn.Module):
         return checkpoint_name(out, OUT_NAME)
 
     def _sparse(self, inputs_q, q, k, v, mask: TokenMask, scale, dropout_rng, projection):
-        """`config.attention_pattern`'s attention over q, k, v [b, l, h, d] (projected)."""
+        """`config.attention_pattern`'s attention over q, k, v [b, l, h, d] (projected);
+        `block_sparse` inputs too short for the pattern attend densely over the valid tokens
+        (`TokenMask.dense`), attention dropout included, as transformers' original_full."""
         cfg = self.config
+        drop = dict(dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng,
+                    deterministic=self.deterministic, dtype=cfg.compute_dtype)
         if cfg.attention_pattern == "sliding_window":
-            return longformer.attention(
-                cfg, self.layer_index, inputs_q, q, k, v, mask, projection=projection,
-                scale=scale, dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng,
-                deterministic=self.deterministic, dtype=cfg.compute_dtype)
+            return longformer.attention(cfg, self.layer_index, inputs_q, q, k, v, mask,
+                                        projection=projection, scale=scale, **drop)
+        if not block_sparse.use_block_sparse(q.shape[1], cfg.sparse_block_size,
+                                             cfg.num_random_blocks):
+            return dot_product_attention(q, k, v, mask.dense(), None, scale=scale,
+                                         kernel=cfg.attention_kernel, **drop)
         return block_sparse.encoder_attention(cfg, q, k, v, mask.valid,
                                               layer_index=self.layer_index, scale=scale,
                                               dtype=cfg.compute_dtype,
-                                              segment_ids=mask.segment_ids,
-                                              dropout_rng=dropout_rng)
+                                              segment_ids=mask.segment_ids)
 
     def _prepend_prefix(self, k, v, mask, bias):
         """Prefix tuning (Li & Liang 2021): keys/values [b, k, h, d] -> [b, p + k, h, d] with

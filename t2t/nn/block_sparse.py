@@ -12,10 +12,12 @@ training and evaluation. Memory is O(length * block_size * blocks attended): key
 gathered, no l x l matrix.
 
 `encoder_attention` is what the encoder's self-attention calls with
-``attention_pattern="block_sparse"``: dense attention over the valid tokens for inputs too
-short for the pattern (as transformers falls back to ``original_full``), else the inputs
-padded to whole blocks (as transformers pads them) and `block_sparse_attention`, or the
-splash kernel on a TPU (`splash_block_sparse_attention`).
+``attention_pattern="block_sparse"`` for inputs long enough for the pattern
+(`use_block_sparse`): the inputs padded to whole blocks (as transformers pads them) and
+`block_sparse_attention`, or the splash kernel on a TPU (`splash_block_sparse_attention`).
+Shorter inputs take the layer's own dense attention over the valid tokens
+(t2t/nn/attention.py `MultiHeadAttention`), as transformers falls back to
+``original_full``.
 """
 
 from __future__ import annotations
@@ -106,9 +108,8 @@ def block_sparse_mask(length: int, block_size: int, plan: np.ndarray, valid: jax
     return mask
 
 
-def _softmax_attend(scores, mask, v_dims, v, dtype, dropout_rate=0.0, dropout_rng=None):
-    weights = masked_softmax(scores, mask, dtype, dropout_rate, dropout_rng)
-    return jnp.einsum(v_dims, weights, v)
+def _softmax_attend(scores, mask, v_dims, v, dtype):
+    return jnp.einsum(v_dims, masked_softmax(scores, mask, dtype), v)
 
 
 def block_sparse_attention(q, k, v, valid, *, block_size: int, plan: np.ndarray,
@@ -176,34 +177,25 @@ def splash_block_sparse_attention(q, k, v, segment_ids, *, block_size: int,
 
 
 def encoder_attention(cfg, q, k, v, valid, *, layer_index: int, scale: float, dtype,
-                      segment_ids: Optional[jax.Array] = None,
-                      dropout_rng: Optional[jax.Array] = None) -> jax.Array:
+                      segment_ids: Optional[jax.Array] = None) -> jax.Array:
     """The encoder's ``block_sparse`` self-attention: q, k, v [b, l, h, d] (projected),
     valid [b, l] bool (packed ``segment_ids`` [b, l]: each query sees its own example) ->
-    [b, l, h, d].
+    [b, l, h, d], for l long enough for the pattern (`use_block_sparse`).
 
-    Inputs of at most (5 + 2 * num_random_blocks) blocks attend densely to the valid tokens;
-    longer ones are padded to whole blocks of ``cfg.sparse_block_size`` (invalid) and attend
+    The inputs are padded to whole blocks of ``cfg.sparse_block_size`` (invalid) and attend
     block-sparsely with layer ``layer_index``'s plan from ``cfg.random_blocks_seed``, by the
     splash kernel where ``cfg.attention_kernel`` resolves to it (a TPU, lengths of whole
-    128-token tiles: `attention_kernels.choose`), else by `block_sparse_attention`. With
-    ``dropout_rng`` the dense attention's weights drop out at ``cfg.attn_dropout_rate``, as
-    transformers' original_full does; the block-sparse path drops none, as neither the
-    authors' code nor transformers does.
+    128-token tiles: `attention_kernels.choose`), else by `block_sparse_attention`. No
+    attention dropout, as neither the authors' code nor transformers drops any here.
     """
     b, length, heads, _ = q.shape
     size, r = cfg.sparse_block_size, cfg.num_random_blocks
+    if not use_block_sparse(length, size, r):
+        raise ValueError(f"{length} tokens are too few for block-sparse attention with "
+                         f"blocks of {size} and {r} random blocks: attend densely")
     valid = jnp.asarray(valid, bool)
     if segment_ids is not None:
         segment_ids = jnp.asarray(segment_ids)
-    drop = dict(dropout_rate=cfg.attn_dropout_rate, dropout_rng=dropout_rng)
-    if not use_block_sparse(length, size, r):
-        mask = valid[:, None, None, :]
-        if segment_ids is not None:
-            mask = mask & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
-        q = q * jnp.asarray(scale, q.dtype)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-        return _softmax_attend(scores, mask, "bhqk,bkhd->bqhd", v, dtype, **drop).astype(dtype)
     pad = -length % size
     if pad:
         q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))

@@ -33,6 +33,15 @@ class TokenMask:
     global_tokens: Optional[jax.Array] = None
     segment_ids: Optional[jax.Array] = None
 
+    def dense(self) -> jax.Array:
+        """The [batch, 1, length, length] bool mask of full attention within the same
+        limits: valid keys of the query's own example."""
+        mask = self.valid[:, None, None, :]
+        if self.segment_ids is not None:
+            seg = self.segment_ids
+            mask = mask & (seg[:, None, :, None] == seg[:, None, None, :])
+        return mask
+
 
 def masked_softmax(logits: jax.Array, mask: jax.Array, dtype, dropout_rate: float = 0.0,
                    dropout_rng: Optional[jax.Array] = None) -> jax.Array:

@@ -16,7 +16,9 @@ from t2t.nn.block_sparse import (
     scored_pairs,
     use_block_sparse,
 )
+from t2t.nn.attention import MultiHeadAttention
 from t2t.nn.config import TransformerConfig
+from t2t.nn.sparse_attention import TokenMask
 
 
 def _dense(q, k, v, mask, scale):
@@ -76,14 +78,47 @@ def _bigbird_config(**fields):
                                 **fields})
 
 
-def test_encoder_attention_short_input_is_dense_over_valid_tokens():
-    cfg = _bigbird_config(sparse_block_size=4, num_random_blocks=1)
+def _attention_layer(cfg, x, mask, rng=None):
+    """MultiHeadAttention(cfg) self-attention over x [b, l, d_model] under `mask` (a
+    TokenMask or a dense array), parameters from PRNGKey(0); attention dropout with `rng`."""
+    layer = MultiHeadAttention(cfg, deterministic=rng is None)
+    params = jax.jit(layer.init)(jax.random.PRNGKey(0), x, x, mask)
+    return jax.jit(lambda x, m, r: layer.apply(params, x, x, m, rngs=r))(
+        x, mask, None if rng is None else {"dropout": rng})
+
+
+def test_short_inputs_take_the_layers_dense_attention_over_valid_tokens():
+    """Inputs of at most (5 + 2 * num_random_blocks) blocks, padded and packed: the layer's
+    output is the same layer's dense attention under the explicit mask (valid keys of the
+    query's own example), attention dropout included (transformers' original_full)."""
+    cfg = _bigbird_config(sparse_block_size=4, num_random_blocks=1, d_model=16, num_heads=2,
+                          head_dim=8, attention_dropout_rate=0.3)
     length = 28                         # = (5 + 2) blocks: too short for the pattern
     assert not use_block_sparse(length, 4, 1)
-    q, k, v = _qkv(length)
-    valid = jnp.arange(length)[None] < jnp.array([[length], [11]])
-    out = encoder_attention(cfg, q, k, v, valid, layer_index=0, scale=0.5, dtype=jnp.float32)
-    np.testing.assert_allclose(out, _dense(q, k, v, valid[:, None, None, :], 0.5), atol=1e-6)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, length, 16))
+    segments = np.zeros((2, length), np.int32)
+    segments[0, :11], segments[0, 11:] = 1, 2
+    segments[1, :19] = 1                                # then padding
+    segments = jnp.asarray(segments)
+    mask = TokenMask(segments > 0, None, segments)
+    explicit = ((segments > 0)[:, None, None, :]
+                & (segments[:, None, :, None] == segments[:, None, None, :]))
+    np.testing.assert_array_equal(mask.dense(), explicit)
+    dense = cfg.replace(attention_pattern="dense")
+    rng = jax.random.PRNGKey(2)
+    for key in (None, rng):
+        np.testing.assert_array_equal(_attention_layer(cfg, x, mask, key),
+                                      _attention_layer(dense, x, explicit, key))
+    dropped = _attention_layer(cfg, x, mask, rng) - _attention_layer(cfg, x, mask)
+    assert np.abs(np.asarray(dropped)).max() > 0.05       # something dropped
+
+
+def test_encoder_attention_wants_inputs_long_enough_for_the_pattern():
+    q, k, v = _qkv(28)
+    with pytest.raises(ValueError, match="too few"):
+        encoder_attention(_bigbird_config(sparse_block_size=4, num_random_blocks=1), q, k, v,
+                          jnp.ones((2, 28), bool), layer_index=0, scale=0.5,
+                          dtype=jnp.float32)
 
 
 def test_encoder_attention_pads_to_whole_blocks_and_uses_the_layer_plan():
@@ -102,25 +137,16 @@ def test_encoder_attention_pads_to_whole_blocks_and_uses_the_layer_plan():
     assert np.abs(np.asarray(other - out)).max() > 1e-3   # another layer, another plan
 
 
-def test_dropout_only_where_attention_is_dense():
-    """Short inputs attend as transformers' original_full, attention weights dropped out
-    (unbiased: the mean over draws is the undropped output); the block-sparse path drops
-    none, as neither the authors' code nor transformers does."""
-    cfg = _bigbird_config(sparse_block_size=4, num_random_blocks=1,
-                          attention_dropout_rate=0.3)
-
-    def run(q, k, v, rng):
-        valid = jnp.ones(q.shape[:2], bool)
-        return encoder_attention(cfg, q, k, v, valid, layer_index=0, scale=0.35,
-                                 dtype=jnp.float32, dropout_rng=rng)
-    rngs = jax.random.split(jax.random.PRNGKey(1), 400)
-    short = _qkv(24, batch=1)                                 # 6 blocks: dense
-    plain = run(*short, None)
-    draws = jax.jit(jax.vmap(lambda rng: run(*short, rng)))(rngs)
-    assert np.abs(np.asarray(draws[0] - plain)).max() > 0.05       # something dropped
-    np.testing.assert_allclose(draws.mean(0), plain, atol=0.1)     # E[dropped] = plain
-    long = _qkv(40, batch=1)                                  # 10 blocks: block-sparse
-    np.testing.assert_array_equal(run(*long, rngs[0]), run(*long, None))
+def test_the_block_sparse_path_drops_no_attention_weights():
+    """Block-sparse inputs (10 blocks) attend without attention dropout, as neither the
+    authors' code nor transformers drops any there: the layer under a dropout rng equals
+    its deterministic output (short inputs drop: the test above)."""
+    cfg = _bigbird_config(sparse_block_size=4, num_random_blocks=1, d_model=16, num_heads=2,
+                          head_dim=8, attention_dropout_rate=0.3)
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 40, 16))
+    mask = TokenMask(jnp.ones((1, 40), bool))
+    np.testing.assert_array_equal(_attention_layer(cfg, x, mask, jax.random.PRNGKey(2)),
+                                  _attention_layer(cfg, x, mask))
 
 
 @pytest.mark.parametrize("field, value", [("sparse_block_size", 0), ("num_random_blocks", -1),
@@ -146,14 +172,6 @@ def test_packed_examples_attend_only_within_themselves():
     mask = block_sparse_mask(52, 4, plan, jnp.pad(valid, pad), jnp.pad(segments, pad))
     ref = _dense(q, k, v, mask[:, :, :length, :length], 0.3)
     np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(ref)[valid], atol=1e-6)
-    short = encoder_attention(cfg, q[:, :20], k[:, :20], v[:, :20], valid[:, :20],
-                              layer_index=0, scale=0.3, dtype=jnp.float32,
-                              segment_ids=segments[:, :20])
-    dense_mask = (valid[:, None, None, :20]
-                  & (segments[:, None, :20, None] == segments[:, None, None, :20]))
-    ref = _dense(q[:, :20], k[:, :20], v[:, :20], dense_mask, 0.3)
-    np.testing.assert_allclose(np.asarray(short)[valid[:, :20]],
-                               np.asarray(ref)[valid[:, :20]], atol=1e-6)
 
 
 def test_scored_pairs_count_the_score_matrices_computed():
