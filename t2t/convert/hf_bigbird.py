@@ -7,6 +7,13 @@ Its attention is carried both ways: HF `attention_type` "original_full" <-> t2t
 `attention_pattern="dense"`, "block_sparse" <-> "block_sparse", with `block_size` <->
 `sparse_block_size` and `num_random_blocks`; `rescale_embeddings` <-> `scale_embeddings`.
 
+The task-head classes `BigBirdForSequenceClassification` (dropout, dense, `hidden_act`,
+dropout, out_proj: t2t's pooled head with the trunk's activation), `BigBirdForMultipleChoice`
+(the backbone's pooler) and `BigBirdForTokenClassification` read and write t2t's
+fine-tuning trees (`t2t.convert.hf_heads`). `BigBirdForQuestionAnswering`'s head (an
+intermediate block with its own LayerNorm, question tokens masked out of the spans) is not
+mapped: its backbone is read as a `BigBirdModel`.
+
 Block-sparse outputs are not transformers' in eval mode: transformers then attends every
 query block's "random" blocks to block 0; t2t keeps the paper's random plan
 (`t2t.nn.block_sparse`, drawn from `random_blocks_seed`, which HF has no key for).
@@ -20,6 +27,7 @@ import numpy as np
 from t2t.convert.hf_bert import (bert_config, bert_hf_config, bert_rules,
                                   encoder_hidden_states, mlm_logits, require_tied_decoder)
 from t2t.convert.hf_common import HfFamily, require
+from t2t.convert.hf_heads import TaskHeads, with_heads
 from t2t.convert.rules import (Params, Rule, StateDict, copy,
                                export_params, import_params, linear, tree)
 from t2t.nn.config import TransformerConfig
@@ -113,5 +121,14 @@ def _split(config: TransformerConfig, p: Params, generator=None):
     return {"model": (None, config, {k: v for k, v in p.items() if k != "nsp_head"})}
 
 
-BIGBIRD = HfFamily("big_bird", CLASSES, bigbird_config, _params_from_hf, _to_hf, mlm_logits,
-                   split=_split, hidden_states=encoder_hidden_states)
+HEADS = TaskHeads("BigBird", lambda c: bigbird_rules(c, "bert.", pooler=False, mlm=False),
+                  {"SequenceClassification": ("classifier.dense", "classifier.out_proj"),
+                   "MultipleChoice": ("bert.pooler", "classifier")},
+                  suffixes=("SequenceClassification", "MultipleChoice",
+                            "TokenClassification"))
+BIGBIRD = with_heads(
+    HfFamily("big_bird", CLASSES, bigbird_config, _params_from_hf, _to_hf, mlm_logits,
+             split=_split, hidden_states=encoder_hidden_states,
+             read_as={"BigBirdForQuestionAnswering": "BigBirdModel"}),
+    HEADS, lambda model: bigbird_hf_config(model.config, model.architecture,
+                                           model.pad_token_id))

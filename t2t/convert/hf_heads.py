@@ -57,19 +57,21 @@ class TaskHeads:
     `pooled`: for SequenceClassification and MultipleChoice, the HF names of the dense
     before the output (t2t's `pooler/dense`) and of the output (`classifier/dense`);
     token classification reads `classifier` and question answering `qa_outputs`.
+    `suffixes`: the classes mapped (all four by default).
     """
 
     prefix: str
     trunk: Callable[[TransformerConfig], List[Rule]]
     pooled: Mapping[str, Tuple[str, str]]
+    suffixes: Tuple[str, ...] = tuple(KINDS)
 
     @property
     def classes(self) -> Tuple[str, ...]:
-        return tuple(f"{self.prefix}For{suffix}" for suffix in KINDS)
+        return tuple(f"{self.prefix}For{suffix}" for suffix in self.suffixes)
 
     def suffix(self, architecture: str) -> Optional[str]:
         """"SequenceClassification", ... of a head class of this family; else None."""
-        for suffix in KINDS:
+        for suffix in self.suffixes:
             if architecture == f"{self.prefix}For{suffix}":
                 return suffix
         return None

@@ -22,7 +22,7 @@ from t2t.models.distill import DistillationModel
 from t2t.models.electra import ElectraDiscriminator, ElectraPretrainingModel
 from t2t.models.families import DECODER, ENCODER, ENCODER_DECODER, Family, FlopFormula, register
 from t2t.models.gpt import DecoderOnlyModel
-from t2t.models.heads import PoolerStyle
+from t2t.models.heads import TRUNK_ACTIVATION, PoolerStyle
 from t2t.models.spanbert import SpanBertModel, SpanBertPretrainingModel
 from t2t.models.t5 import EncoderDecoderModel
 from t2t.models.xlnet import XLNet, XLNetPretrainingModel
@@ -71,6 +71,7 @@ ENCODER_HEADS = {"classification": classifiers.SequenceClassifier,
 _ROBERTA = PoolerStyle(dropout_first=True)
 _ELECTRA = PoolerStyle("gelu", dropout_first=True)
 _DISTILBERT = PoolerStyle("relu")
+_BIGBIRD = PoolerStyle(TRUNK_ACTIVATION, dropout_first=True)    # HF's hidden_act
 
 BERT = register(Family(
     "bert", "BERT", BertModel, BertPretrainingModel, encoder_inputs, conv.EncoderConverter,
@@ -85,7 +86,8 @@ register(BERT.variant(name="longformer", title="Longformer", tokenizer="byte_bpe
 register(BERT.variant(name="albert", title="ALBERT", tokenizer="sentencepiece",
                       hf_model_types=("albert",)))
 register(BERT.variant(name="bigbird", title="BigBird", tokenizer="sentencepiece",
-                      hf_model_types=("big_bird",)))   # attention_pattern: t2t/nn/block_sparse.py
+                      hf_model_types=("big_bird",),    # attention_pattern: t2t/nn/block_sparse.py
+                      head_styles={"classification": _BIGBIRD, "regression": _BIGBIRD}))
 register(Family(
     "electra", "ELECTRA", ElectraDiscriminator, ElectraPretrainingModel, token_inputs,
     conv.EncoderConverter, ENCODER, generator=True, masked_lm=True, tokenizer="wordpiece",

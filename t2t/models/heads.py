@@ -23,19 +23,23 @@ class PoolerStyle:
 
     BERT and ALBERT: the pretrained pooler (tanh); RoBERTa's classification head: the same
     dense + tanh with dropout before it; ELECTRA's: gelu with dropout before (its multiple
-    choice summary: gelu); DistilBERT's pre_classifier: relu. A family's entry in
-    `t2t.models.families` chooses its style per task kind (`Family.head_styles`)."""
+    choice summary: gelu); DistilBERT's pre_classifier: relu; BigBird's classification
+    head: the trunk's own activation (`TRUNK_ACTIVATION`: `mlp_activations[0]`, HF's
+    `hidden_act`) with dropout before. A family's entry in `t2t.models.families` chooses
+    its style per task kind (`Family.head_styles`)."""
 
     activation: str = "tanh"
     dropout_first: bool = False
 
 
 BERT_POOLER = PoolerStyle()
+TRUNK_ACTIVATION = "trunk"    # a PoolerStyle activation: the config's first MLP activation
 
 
 class Pooler(nn.Module):
     """BERT pooler: tanh(W · h[CLS] + b) (another `activation` for other families, see
-    `PoolerStyle`).  [batch, length, d] -> [batch, d]."""
+    `PoolerStyle`; `TRUNK_ACTIVATION`: the config's first MLP activation).
+    [batch, length, d] -> [batch, d]."""
 
     config: TransformerConfig
     activation: str = "tanh"
@@ -45,7 +49,9 @@ class Pooler(nn.Module):
         cfg = self.config
         dense = Dense(cfg.d_model, ("embed", None), use_bias=True, dtype=cfg.compute_dtype,
                       param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg), name="dense")
-        return get_activation(self.activation)(dense(hidden[:, 0]))
+        name = (cfg.mlp_activations[0] if self.activation == TRUNK_ACTIVATION
+                else self.activation)
+        return get_activation(name)(dense(hidden[:, 0]))
 
 
 class MlmHead(nn.Module):

@@ -18,6 +18,8 @@ def tiny_configs():
         "albert": lambda: t.AlbertConfig(vocab_size=V, embedding_size=16,
                                          classifier_dropout_prob=0.0, **BERTISH),
         "electra": lambda: t.ElectraConfig(vocab_size=V, embedding_size=16, **BERTISH),
+        "big_bird": lambda: t.BigBirdConfig(vocab_size=V, attention_type="original_full",
+                                            **BERTISH),
         "distilbert": lambda: t.DistilBertConfig(
             vocab_size=V, dim=32, n_layers=2, n_heads=4, hidden_dim=64, dropout=0.0,
             attention_dropout=0.0, max_position_embeddings=40, initializer_range=0.2),

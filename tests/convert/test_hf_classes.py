@@ -120,13 +120,14 @@ def test_unsupported_class_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("cls,read_as,head", [
-    ("GPT2DoubleHeadsModel", "GPT2LMHeadModel", "multiple_choice_head.")])
+    ("GPT2DoubleHeadsModel", "GPT2LMHeadModel", "multiple_choice_head."),
+    ("BigBirdForQuestionAnswering", "BigBirdModel", "qa_classifier.")])
 def test_a_head_t2t_does_not_map_yet_loads_its_backbone_and_names_the_rest(
         cls, read_as, head, tmp_path, caplog):
     """A head t2t does not map (tests/convert/test_hf_heads.py has those it does): the
     backbone (hidden states = HF's), the head's tensors named as ignored, the class read as
     said in one line."""
-    model = _make(cls, "bert" if cls.startswith("Bert") else "gpt2")
+    model = _make(cls, {"Bert": "bert", "BigBird": "big_bird"}.get(cls.split("For")[0], "gpt2"))
     model.save_pretrained(tmp_path, safe_serialization=True)
     with caplog.at_level(logging.WARNING, logger="t2t.convert"):
         m = convert.load_pretrained(tmp_path)

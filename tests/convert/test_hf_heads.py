@@ -5,7 +5,7 @@ transformers on tiny random models (every tensor perturbed), padded batches, flo
   `last_hidden_state`, checked on the sequence classifiers): sequence classification [batch, labels] (3 labels),
   token classification [batch, length, labels] (5), question answering [batch, length, 2]
   (start, end), multiple choice [batch, choices] from [batch, choices, length], for BERT,
-  RoBERTa, ALBERT, ELECTRA and DistilBERT; GPT-2's sequence (last real token) and token
+  RoBERTa, ALBERT, ELECTRA and DistilBERT (BigBird: all but question answering); GPT-2's sequence (last real token) and token
   classification; T5ForConditionalGeneration with decoder_input_ids [batch, target, vocab];
 - the tree is t2t's own fine-tuning head (`t2t.models.classifiers`): the fine-tuning
   model the family's registry entry gives (`families.head`) computes the same logits from it;
@@ -38,11 +38,13 @@ LABELS = {"SequenceClassification": 3, "TokenClassification": 5, "QuestionAnswer
           "MultipleChoice": 1}
 CASES = {**{f"{prefix}For{suffix}": (family, n) for prefix, family in ENCODERS.items()
             for suffix, n in LABELS.items()},
+         **{f"BigBirdFor{suffix}": ("big_bird", LABELS[suffix]) for suffix in
+            ("SequenceClassification", "TokenClassification", "MultipleChoice")},
          "GPT2ForSequenceClassification": ("gpt2", 3),
          "GPT2ForTokenClassification": ("gpt2", 4),
          "T5ForConditionalGeneration": ("t5", None)}
 CHOICES, TARGET = 3, 7
-TYPED = {"bert", "albert", "electra"}      # two token types: the batch uses both
+TYPED = {"bert", "albert", "electra", "big_bird"}      # two token types: the batch uses both
 
 
 def _make(cls, family, num_labels):
@@ -150,7 +152,8 @@ FINETUNE = {"SequenceClassification": (SequenceClassifier, "classification"),
 
 
 @pytest.mark.parametrize("cls", ["RobertaForSequenceClassification", "ElectraForMultipleChoice",
-                                 "DistilBertForSequenceClassification"])
+                                 "DistilBertForSequenceClassification",
+                                 "BigBirdForSequenceClassification"])
 def test_the_tree_is_the_families_fine_tuning_head(cls, tmp_path):
     """Pooled heads unlike BERT's: t2t's fine-tuning model with the pooler style the
     family's registry entry gives reads the loaded tree unchanged (every leaf copied, none
