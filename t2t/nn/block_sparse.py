@@ -30,7 +30,7 @@ import numpy as np
 
 from t2t.errors import ConfigError
 from t2t.nn import attention_kernels
-from t2t.nn.sparse_attention import masked_softmax
+from t2t.nn.sparse_attention import TokenMask, masked_softmax
 
 
 
@@ -101,11 +101,9 @@ def block_sparse_mask(length: int, block_size: int, plan: np.ndarray, valid: jax
                       segment_ids: Optional[jax.Array] = None) -> jax.Array:
     """The dense [b, h, l, l] bool mask the pattern equals (the tests' reference): the
     pattern's blocks, valid keys and (with packed ``segment_ids``) keys of the query's own
-    example."""
-    mask = jnp.asarray(block_pattern(length, block_size, plan))[None] & valid[:, None, None, :]
-    if segment_ids is not None:
-        mask = mask & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
-    return mask
+    example (`TokenMask.dense`)."""
+    full = TokenMask(jnp.asarray(valid, bool), None, segment_ids).dense()
+    return jnp.asarray(block_pattern(length, block_size, plan))[None] & full
 
 
 def _softmax_attend(scores, mask, v_dims, v, dtype):
