@@ -2,7 +2,9 @@
 
 The threefry2x32 rows compare t2t's masks (`t2t.nn.dropout.keep_mask`: the same bits with
 Threefry's 20 rounds written out) with `jax.random.bernoulli`, whose CPU lowering runs the
-rounds as a loop of 5 (the variant patches t2t to fall back to it while the step compiles).
+rounds as a loop of 5 (the variant patches t2t to fall back to it while the step compiles),
+and with t2t's masks as they were before 2026-12-04, hashed again in every fusion that reads
+them (the variant patches out the lookup that ends the hash in one fusion).
 
 The T5 1.0 architecture at the `tiny` ablation size (d_model 128, 2+2 layers, 4 heads of 32,
 d_ff 512, the 8k Bible vocabulary) or, with `--scale micro`, the `micro` one (d_model 256,
@@ -31,10 +33,13 @@ SCALES = {"tiny": ("ablations/scales/t5_tiny_model.gin", "bible_web"),
           "micro": ("ablations/scales/t5_micro_model.gin", "micro")}
 
 
-def step_fn(impl: str, dropout: float, inputs: int, targets: int, jax_masks: bool = False,
+MASKS = ("t2t", "jax", "t2t_per_reader")
+
+
+def step_fn(impl: str, dropout: float, inputs: int, targets: int, masks: str = "t2t",
             scale: str = "tiny"):
     """A zero-argument function running one train step (state carried between calls);
-    `jax_masks`: compiled with jax.random.bernoulli's masks instead of t2t's."""
+    `masks` (one of MASKS): t2t's, jax.random.bernoulli's, or t2t's hashed in every reader."""
     import contextlib
     from unittest import mock
 
@@ -57,7 +62,9 @@ def step_fn(impl: str, dropout: float, inputs: int, targets: int, jax_masks: boo
     def run():
         box[0], metrics = exp.trainer.train_step(box[0], batch)
         jax.block_until_ready(metrics["loss"])
-    with (mock.patch.object(t2t_dropout, "_threefry_words", lambda key: None) if jax_masks
+    patches = {"jax": ("_threefry_words", lambda key: None),
+               "t2t_per_reader": ("_hashed_once", lambda keep: keep)}
+    with (mock.patch.object(t2t_dropout, *patches[masks]) if masks in patches
           else contextlib.nullcontext()):
         run()                                        # compiles the step
     return run
@@ -75,7 +82,9 @@ def main() -> None:
     scale = {"scale": args.scale}
     fns = {f"{impl}, dropout 0.1": step_fn(impl, 0.1, *shape, **scale) for impl in IMPLS}
     fns["threefry2x32 via jax.random.bernoulli, dropout 0.1"] = step_fn(
-        "threefry2x32", 0.1, *shape, jax_masks=True, **scale)
+        "threefry2x32", 0.1, *shape, masks="jax", **scale)
+    fns["threefry2x32 hashed in every reader (before 2026-12-04), dropout 0.1"] = step_fn(
+        "threefry2x32", 0.1, *shape, masks="t2t_per_reader", **scale)
     fns["no dropout"] = step_fn("threefry2x32", 0.0, *shape, **scale)
     times = _common.interleaved(fns, args.rounds, warmup=2)
     base = _common.median(times["threefry2x32 via jax.random.bernoulli, dropout 0.1"])

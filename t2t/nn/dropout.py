@@ -72,7 +72,22 @@ def keep_mask(key: jax.Array, keep_prob: float, shape: Sequence[int]) -> jax.Arr
     # uniform = mantissa / 2**23 < float32(keep_prob)  <=>  mantissa < ceil(keep_prob * 2**23)
     threshold = math.ceil(float(np.float32(keep_prob)) * 2 ** FLOAT32_MANTISSA)
     mantissa = lax.shift_right_logical(bits1 ^ bits2, np.uint32(32 - FLOAT32_MANTISSA))
-    return mantissa < np.uint32(threshold)
+    return lax.platform_dependent(mantissa < np.uint32(threshold), cpu=_hashed_once,
+                                  default=lambda keep: keep)
+
+
+def _hashed_once(keep: jax.Array) -> jax.Array:
+    """`keep`, looked up in [False, True]: the same mask, which XLA:CPU computes once.
+
+    XLA:CPU's fusion copies a chain of cheap elementwise ops into every fusion that reads its
+    result, and the hash is some 150 of them. In a train step a mask is read by the forward
+    select, the backward one and the reductions fused with them, so every mask was hashed
+    some 26 times over (the tiny BART step: 9,413 shifts in the optimized HLO for 364
+    traced), which made the step slow to compile (10.2 s against 4.1 s without dropout) and
+    to run. A gather is an op XLA's fusion does not copy: the hash ends in one fusion, and
+    its readers load a byte an element."""
+    return jnp.take(jnp.asarray([False, True]), keep.astype(jnp.int32), mode="clip",
+                    unique_indices=False, indices_are_sorted=False)
 
 
 class Dropout(nn.Module):
