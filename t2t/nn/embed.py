@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t2t.errors import ConfigError
 from t2t.nn import mixed_einsum
 from t2t.nn.adaptive_input import AdaptiveInput
 from t2t.nn.config import TransformerConfig
@@ -85,6 +86,11 @@ class Embedder(nn.Module):
                       param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
                       name="embedding_projection")(x)
         if cfg.position_embedding == "learned":
+            if tokens.shape[-1] > cfg.max_length:     # the lookup would read NaN past the table
+                raise ConfigError(
+                    f"sequences of {tokens.shape[-1]} tokens, but the learned position table "
+                    f"has TransformerConfig.max_length = {cfg.max_length} rows: shorten "
+                    "TASK_FEATURE_LENGTHS or raise --gin.TransformerConfig.max_length")
             x = x + Embed(cfg.max_length, width, axes=("length", "embed"),
                           dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                           embedding_init=embedding_init(cfg), name="position_embedder")(positions)

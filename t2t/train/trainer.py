@@ -74,7 +74,7 @@ class TrainConfig:
                                   f"got {value}")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """The loss became NaN or inf; the last checkpoint (if any) predates it."""
 
 
@@ -508,5 +508,7 @@ def fit(trainer: Trainer, train_data, *, eval_data_fn: Optional[Callable[[], Ite
 def _check_finite(step: int, loss) -> None:
     value = float(loss)
     if not math.isfinite(value):
-        raise NonFiniteLossError(f"loss is {value} at step {step}; stopping. The last "
-                                 "checkpoint predates it.")
+        raise NonFiniteLossError(
+            f"loss is {value} at step {step}; stopping (the last checkpoint predates it): lower "
+            "the learning rate (make_schedule.peak) or lengthen its warm-up, or train in "
+            "float32 (--gin.TransformerConfig.dtype='float32') if the run is in float16")

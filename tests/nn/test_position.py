@@ -4,7 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t2t.errors import ConfigError
+from t2t.nn.embed import Embedder
 from t2t.nn.position import apply_rotary, relative_position_bucket, sinusoidal
+from tests.nn.helpers import GPT_TINY, init, tokens
 
 
 def reference_bucket(rel, bidirectional, num_buckets, max_distance):
@@ -68,3 +71,16 @@ def test_rotary_is_relative():
     # Norm preserved (a rotation).
     assert float(jnp.linalg.norm(apply_rotary(q, jnp.array([[7]])))) == pytest.approx(
         float(jnp.linalg.norm(q)), rel=1e-6)
+
+
+def test_a_sequence_longer_than_the_learned_table_is_a_config_error():
+    """Past max_length the lookup would read NaN (JAX fills out-of-range gathers), and the
+    run would stop at its first step with a NaN loss: say what to change instead."""
+    cfg = GPT_TINY.replace(max_length=8)
+    embedder = Embedder(cfg)
+    positions = jnp.arange(8)[None]
+    params = init(embedder, tokens(0, (1, 8)), positions)
+    assert np.isfinite(np.asarray(embedder.apply({"params": params}, tokens(1, (1, 8)),
+                                                 positions))).all()
+    with pytest.raises(ConfigError, match="max_length = 8 rows"):
+        embedder.apply({"params": params}, tokens(1, (1, 9)), jnp.arange(9)[None])
