@@ -86,10 +86,12 @@ class Embedder(nn.Module):
                       param_dtype=cfg.params_dtype, kernel_init=kernel_init(cfg),
                       name="embedding_projection")(x)
         if cfg.position_embedding == "learned":
-            if tokens.shape[-1] > cfg.max_length:     # the lookup would read NaN past the table
+            length, first = tokens.shape[-1], cfg.position_offset
+            if first + length > cfg.max_length:      # the lookup would read NaN past the table
+                start = f" from position {first}" if first else ""
                 raise ConfigError(
-                    f"sequences of {tokens.shape[-1]} tokens, but the learned position table "
-                    f"has TransformerConfig.max_length = {cfg.max_length} rows: shorten "
+                    f"sequences of {length} tokens{start}, but the learned position table has "
+                    f"TransformerConfig.max_length = {cfg.max_length} rows: shorten "
                     "TASK_FEATURE_LENGTHS or raise --gin.TransformerConfig.max_length")
             x = x + Embed(cfg.max_length, width, axes=("length", "embed"),
                           dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,

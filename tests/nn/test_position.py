@@ -84,3 +84,6 @@ def test_a_sequence_longer_than_the_learned_table_is_a_config_error():
                                                  positions))).all()
     with pytest.raises(ConfigError, match="max_length = 8 rows"):
         embedder.apply({"params": params}, tokens(1, (1, 9)), jnp.arange(9)[None])
+    offset = Embedder(cfg.replace(position_offset=2))      # BART, RoBERTa: from position 2
+    with pytest.raises(ConfigError, match="7 tokens from position 2"):
+        offset.apply({"params": params}, tokens(1, (1, 7)), 2 + jnp.arange(7)[None])
