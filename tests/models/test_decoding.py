@@ -258,8 +258,8 @@ def test_eos_stops_rows_and_the_loop():
     np.testing.assert_array_equal(out.tokens, [[5, 6, 1, 0, 0, 0, 0, 0, 0, 0],
                                                [4, 4, 4, 4, 1, 0, 0, 0, 0, 0]])
     assert int(out.steps) == 5   # stopped once both rows finished, not after 10
-    sampled = decoding.sample(logits_fn, first, jnp.int32(0), jax.random.PRNGKey(0),
-                              max_decode_length=10, top_p=0.9)
+    sampled = jax.jit(functools.partial(decoding.sample, logits_fn, max_decode_length=10,
+                                        top_p=0.9))(first, jnp.int32(0), jax.random.PRNGKey(0))
     np.testing.assert_array_equal(sampled.tokens, out.tokens)
     assert int(sampled.steps) == 5
 
@@ -270,9 +270,10 @@ def test_beam_search_stops_early_when_no_live_beam_can_win():
         logits = jnp.zeros((tokens.shape[0], 16)).at[:, 1].set(30.0)
         return logits, cache
     first = jnp.zeros((2, 16)).at[:, 3].set(5.0)
-    out = decoding.beam_search(logits_fn, first, {"step": jnp.zeros((2, 1))},
-                               max_decode_length=10, cache_batch_axes={"step": 0},
-                               beam_size=2, alpha=0.6)
+    search = jax.jit(functools.partial(   # one compile, not many eager ops
+        decoding.beam_search, logits_fn, max_decode_length=10, cache_batch_axes={"step": 0},
+        beam_size=2, alpha=0.6))
+    out = search(first, {"step": jnp.zeros((2, 1))})
     assert int(out.steps) < 10
     np.testing.assert_array_equal(out.tokens, [[3, 1] + [0] * 8] * 2)
     assert np.all(np.asarray(out.beams)[:, :, 2:] == 0)
@@ -347,9 +348,11 @@ def test_beam_search_finish_in_beam_drops_eos_outside_the_beam():
     def logits_fn(tokens, cache, i):
         return jnp.broadcast_to(later, (tokens.shape[0], 16)), cache
     first = jnp.broadcast_to(log_probs({3: 0.4, 4: 0.35, 1: 0.2}), (1, 16))
-    run = lambda finish: decoding.beam_search(  # noqa: E731
-        logits_fn, first, {"step": jnp.zeros((1, 1))}, max_decode_length=6,
-        cache_batch_axes={"step": 0}, beam_size=2, alpha=0.0, finish_in_beam=finish)
+    search = jax.jit(functools.partial(   # one compile per rule, not many eager ops
+        decoding.beam_search, logits_fn, max_decode_length=6, cache_batch_axes={"step": 0},
+        beam_size=2, alpha=0.0), static_argnames="finish_in_beam")
+    run = lambda finish: search(  # noqa: E731
+        first, {"step": jnp.zeros((1, 1))}, finish_in_beam=finish)
     t5x, fairseq = run(False), run(True)
     np.testing.assert_array_equal(t5x.tokens, [[1, 0, 0, 0, 0, 0]])
     np.testing.assert_array_equal(fairseq.tokens, [[3, 1, 0, 0, 0, 0]])

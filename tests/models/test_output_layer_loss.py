@@ -2,6 +2,8 @@
 decoder's normalised log-probabilities go into `losses.cross_entropy_with_logits` as
 logits, so the loss is the paper's negative log-likelihood (computed here in numpy from
 the decoder's last hidden state) and the z-loss is 0."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -55,16 +57,18 @@ def test_loss_is_the_negative_log_likelihood_of_the_output_layer(layer, referenc
     weights = jnp.array([[1.0] * 6, [1.0] * 4 + [0.0] * 2])
     batch = {"decoder_input_tokens": inputs, "decoder_target_tokens": targets,
              "decoder_loss_weights": weights}
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), batch))
-    loss, metrics = model.loss_fn(params, batch)
-    hidden = np.asarray(Decoder(cfg).apply({"params": params}, inputs, return_hidden=True),
-                        np.float64)
+    # jitted: one compile each, not many eager ops
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), batch))
+    loss, metrics = jax.jit(model.loss_fn)(params, batch)
+    hidden_fn = jax.jit(functools.partial(Decoder(cfg).apply, return_hidden=True))
+    hidden = np.asarray(hidden_fn({"params": params}, inputs), np.float64)
     log_p = reference(params[layer], hidden)                       # [b, l, V]
     token_lp = np.take_along_axis(log_p, np.asarray(targets)[..., None], -1)[..., 0]
     w = np.asarray(weights)
     np.testing.assert_allclose(float(loss), -(token_lp * w).sum() / w.sum(), rtol=1e-5)
     assert abs(float(metrics["z_loss"])) < 1e-8                    # log Z = 0: normalised
-    np.testing.assert_allclose(model.score(params, batch), (token_lp * w).sum(-1), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(model.score)(params, batch), (token_lp * w).sum(-1),
+                               rtol=1e-5)
     grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch)[0]))(params)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))
 

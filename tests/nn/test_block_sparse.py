@@ -1,4 +1,5 @@
 """BigBird block-sparse attention against dense attention under its explicit mask."""
+import functools
 
 import flax.linen as nn
 import jax
@@ -21,6 +22,7 @@ from t2t.nn.config import TransformerConfig
 from t2t.nn.sparse_attention import TokenMask
 
 
+@functools.partial(jax.jit, static_argnames="scale")   # one compile, not many eager ops
 def _dense(q, k, v, mask, scale):
     s = jnp.einsum("bqhd,bkhd->bhqk", q * scale, k)
     s = jnp.where(mask, s, -1e9)
@@ -34,8 +36,8 @@ def test_equals_dense_under_mask_on_padded_batch():
     q, k, v = (jax.random.normal(x, (2, length, heads, d)) for x in keys)
     valid = jnp.arange(length)[None] < jnp.array([[length], [37]])
     plan = random_block_plan(length // bs, heads, r, seed=3, layer_index=1)
-    out = block_sparse_attention(q, k, v, valid, block_size=bs, plan=plan, scale=d**-0.5,
-                                 dtype=jnp.float32)
+    out = jax.jit(functools.partial(block_sparse_attention, block_size=bs, plan=plan,
+                                    scale=d**-0.5, dtype=jnp.float32))(q, k, v, valid)
     ref = _dense(q, k, v, block_sparse_mask(length, bs, plan, valid), d**-0.5)
     np.testing.assert_allclose(out, ref, atol=1e-6)
 
@@ -127,13 +129,14 @@ def test_encoder_attention_pads_to_whole_blocks_and_uses_the_layer_plan():
     q, k, v = _qkv(length, heads=3)
     valid = jnp.arange(length)[None] < jnp.array([[length], [39]])
     for layer in (0, 3):
-        out = encoder_attention(cfg, q, k, v, valid, layer_index=layer, scale=0.4,
-                                dtype=jnp.float32)
+        out = jax.jit(functools.partial(encoder_attention, cfg, layer_index=layer, scale=0.4,
+                                        dtype=jnp.float32))(q, k, v, valid)
         plan = random_block_plan(padded // 4, 3, 2, seed=5, layer_index=layer)
         mask = block_sparse_mask(padded, 4, plan, jnp.pad(valid, ((0, 0), (0, 2))))
         ref = _dense(q, k, v, mask[:, :, :length, :length], 0.4)
         np.testing.assert_allclose(out, ref, atol=1e-6)
-    other = encoder_attention(cfg, q, k, v, valid, layer_index=1, scale=0.4, dtype=jnp.float32)
+    other = jax.jit(functools.partial(encoder_attention, cfg, layer_index=1, scale=0.4,
+                                      dtype=jnp.float32))(q, k, v, valid)
     assert np.abs(np.asarray(other - out)).max() > 1e-3   # another layer, another plan
 
 
@@ -165,8 +168,8 @@ def test_packed_examples_attend_only_within_themselves():
     segments[1, :9], segments[1, 9:31] = 1, 2          # then padding
     segments = jnp.asarray(segments)
     valid = segments > 0
-    out = encoder_attention(cfg, q, k, v, valid, layer_index=2, scale=0.3, dtype=jnp.float32,
-                            segment_ids=segments)
+    out = jax.jit(functools.partial(encoder_attention, cfg, layer_index=2, scale=0.3,
+                                    dtype=jnp.float32))(q, k, v, valid, segment_ids=segments)
     plan = random_block_plan(13, 2, 1, seed=2, layer_index=2)
     pad = ((0, 0), (0, 2))
     mask = block_sparse_mask(52, 4, plan, jnp.pad(valid, pad), jnp.pad(segments, pad))
@@ -202,9 +205,11 @@ def test_splash_kernel_equals_the_gathered_attention():
     segments[1, :100], segments[1, 100:201] = 1, 2
     segments = jnp.asarray(segments)
     valid = segments > 0
-    kw = dict(layer_index=1, scale=0.3, dtype=jnp.float32, segment_ids=segments)
-    gathered = encoder_attention(cfg, q, k, v, valid, **kw)
-    splash = encoder_attention(cfg.replace(attention_kernel="splash"), q, k, v, valid, **kw)
+    kw = dict(layer_index=1, scale=0.3, dtype=jnp.float32)
+    gathered = jax.jit(functools.partial(encoder_attention, cfg, **kw))(
+        q, k, v, valid, segment_ids=segments)
+    splash = jax.jit(functools.partial(encoder_attention, cfg.replace(attention_kernel="splash"),
+                                       **kw))(q, k, v, valid, segment_ids=segments)
     diff = np.abs(np.asarray(splash) - np.asarray(gathered))[np.asarray(valid)].max()
     assert diff < 1e-5, diff
 
@@ -217,7 +222,7 @@ def test_splash_kernel_under_a_mesh_splits_the_batch():
     q, k, v = _qkv(256, heads=2, batch=4)
     valid = jnp.arange(256)[None] < jnp.array([[256], [200], [130], [256]])
     kw = dict(layer_index=0, scale=0.3, dtype=jnp.float32)
-    gathered = encoder_attention(cfg, q, k, v, valid, **kw)
+    gathered = jax.jit(functools.partial(encoder_attention, cfg, **kw))(q, k, v, valid)
     mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(AxisType.Auto,) * 2)
     with jax.set_mesh(mesh), nn.logical_axis_rules([("batch", "fsdp"), ("heads", "tensor")]):
         splash = jax.jit(lambda q, k, v, m: encoder_attention(
