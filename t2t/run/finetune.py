@@ -294,15 +294,10 @@ def _check_has_checkpoints(model_dir: str) -> None:
 def abstract_params(exp: experiment_lib.Experiment) -> Params:
     """The model's parameters as ShapeDtypeStructs with their mesh shardings (nothing is
     initialised or compiled): a restore target."""
-    import flax.linen as nn
-
     from t2t.train import partitioning
     trainer, batch = exp.trainer, next(exp.data())
-    with partitioning.sharding_context(trainer.mesh, trainer.rules):
-        boxed = jax.eval_shape(trainer.model.init, jax.random.PRNGKey(0), batch)
-        shardings = partitioning.param_shardings(boxed, trainer.mesh, trainer.rules)
-    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                        nn.unbox(boxed), shardings)
+    return partitioning.abstract_sharded(trainer.model.init, jax.random.PRNGKey(0), batch,
+                                         mesh=trainer.mesh, rules=trainer.rules)[0]
 
 
 def evaluate_run(splits: Optional[Sequence[str]] = None,

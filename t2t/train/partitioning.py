@@ -25,8 +25,9 @@ Rules for the rules:
   their ``embed`` dimension is sharded over ``fsdp``.
 
 The sharded-init pattern (as flax examples/lm1b) is :func:`init_sharded`:
-``jax.eval_shape(init)`` → logical specs → mesh shardings → ``jax.jit(init, out_shardings)``
-under ``jax.set_mesh(mesh)`` and the logical-axis rules. Never use the old ``with mesh:``
+the init traced once (:func:`trace_init`) → logical specs → mesh shardings → that trace
+compiled with ``jax.jit(..., out_shardings)`` under ``jax.set_mesh(mesh)`` and the
+logical-axis rules. Never use the old ``with mesh:``
 context: it silently disables flax's logical constraints.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ import jax
 import numpy as np
 import optax
 from jax.experimental import mesh_utils
+from jax.extend import core as jax_core
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -372,18 +374,54 @@ def to_global_arrays(batch: Mapping[str, np.ndarray], mesh: Mesh,
             for key, value in batch.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class TracedInit:
+    """An init function traced once (:func:`trace_init`): what it returns as ShapeDtypeStructs
+    carrying their shardings (``abstract``), the shardings, the logical names of the boxed
+    leaves (``axes``, as :func:`logical_axes`), and :meth:`run`, which compiles that same
+    trace to create the arrays directly in those shardings. Tracing a model's init (flax
+    walks every module) costs as much as lowering it; one trace serves both the shapes and
+    the arrays."""
+    jaxpr: Any
+    out_tree: Any
+    abstract: Any
+    shardings: Any
+    axes: dict
+    mesh: Mesh
+    rules: Rules
+
+    def run(self, *args: Any) -> Any:
+        """The unboxed arrays, for the same arguments (arrays now) as the trace."""
+        fun = jax_core.jaxpr_as_fun(self.jaxpr)
+
+        def init(*leaves):
+            return nn.meta.unbox(jax.tree.unflatten(self.out_tree, fun(*leaves)))
+
+        with sharding_context(self.mesh, self.rules):
+            return jax.jit(init, out_shardings=self.shardings)(*jax.tree.leaves(args))
+
+
+def trace_init(init_fn: Callable[..., Any], rng: Any, *args: Any, mesh: Mesh,
+               rules: Rules = DEFAULT_RULES) -> TracedInit:
+    """Traces ``init_fn(rng, *args)`` (a tree with logical-partitioning boxes, e.g.
+    ``model.init``) once; nothing is allocated. ``rng`` and ``args`` may be arrays or
+    ShapeDtypeStructs, so this also serves meshes of compile-only devices."""
+    with sharding_context(mesh, rules):
+        jaxpr, boxed = jax.make_jaxpr(init_fn, return_shape=True)(rng, *args)
+        shardings = param_shardings(boxed, mesh, rules)
+    unboxed = jax.tree.map(lambda x: x.value if _is_box(x) else x, boxed, is_leaf=_is_box)
+    return TracedInit(jaxpr, jax.tree.structure(boxed), with_shardings(unboxed, shardings),
+                      shardings, logical_axes(boxed), mesh, rules)
+
+
 def abstract_sharded(init_fn: Callable[..., Any], rng: Any, *args: Any, mesh: Mesh,
                      rules: Rules = DEFAULT_RULES, with_axes: bool = False) -> tuple:
     """(unboxed ShapeDtypeStructs carrying their shardings, the shardings) of what
-    ``init_fn(rng, *args)`` returns; nothing is allocated. ``rng`` and ``args`` may be
-    arrays or ShapeDtypeStructs, so this also serves meshes of compile-only devices.
-    ``with_axes``: also {key path: logical names} of the boxed leaves (:func:`logical_axes`)."""
-    with sharding_context(mesh, rules):
-        boxed = jax.eval_shape(init_fn, rng, *args)
-        shardings = param_shardings(boxed, mesh, rules)
-    unboxed = jax.tree.map(lambda x: x.value if _is_box(x) else x, boxed, is_leaf=_is_box)
-    out = (with_shardings(unboxed, shardings), shardings)
-    return out + (logical_axes(boxed),) if with_axes else out
+    ``init_fn(rng, *args)`` returns (:func:`trace_init`); ``with_axes``: also {key path of
+    the unboxed leaf: its logical names} of the boxed leaves (:func:`logical_axes`)."""
+    traced = trace_init(init_fn, rng, *args, mesh=mesh, rules=rules)
+    out = (traced.abstract, traced.shardings)
+    return out + (traced.axes,) if with_axes else out
 
 
 def logical_axes(boxed: Any) -> dict:
@@ -404,13 +442,10 @@ def init_sharded(init_fn: Callable[..., Any], rng: jax.Array, *args: Any, mesh: 
 
     ``init_fn(rng, *args)`` returns a tree with logical-partitioning boxes, e.g.
     ``model.init``. No full copy of the parameters ever lives on one device. The
-    shardings are :func:`abstract_sharded`'s.
+    shardings are :func:`abstract_sharded`'s; ``init_fn`` is traced once.
     """
-    _, shardings = abstract_sharded(init_fn, rng, *args, mesh=mesh, rules=rules)
-    with sharding_context(mesh, rules):
-        init = jax.jit(lambda r, *a: nn.meta.unbox(init_fn(r, *a)), out_shardings=shardings)
-        params = init(rng, *args)
-    return params, shardings
+    traced = trace_init(init_fn, rng, *args, mesh=mesh, rules=rules)
+    return traced.run(rng, *args), traced.shardings
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params: Any,

@@ -14,7 +14,6 @@ import time
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +88,7 @@ class Trainer:
         self.replicated = NamedSharding(mesh, P())
         self.state_shardings = None
         self._train_step = self._eval_step = None
+        self._traced_init = None        # (batch shapes, partitioning.TracedInit)
 
     # ------------------------------------------------------------------ state
     def init_state(self, example_batch: Dict[str, np.ndarray], *,
@@ -99,24 +99,31 @@ class Trainer:
         shapes = _shapes(example_batch)
         if abstract is None:
             self.abstract_init(shapes)
+        traced = self._traced_init
+        if traced is None or traced[0] != shapes:     # abstract_init saw another batch
+            traced = (shapes, self._trace_init(shapes))
         s = self.state_shardings
         with partitioning.sharding_context(self.mesh, self.rules):
-            params = jax.jit(lambda r: nn.meta.unbox(self.model.init(r, _zeros(shapes))),
-                             out_shardings=s.params)(jax.random.PRNGKey(self.config.seed))
+            params = traced[1].run(jax.random.PRNGKey(self.config.seed))
             opt_state = jax.jit(self.tx.init, out_shardings=s.opt_state)(params)
             step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=self.replicated)()
         return TrainState(step, params, opt_state)
 
+    def _trace_init(self, shapes) -> partitioning.TracedInit:
+        rng = jax.ShapeDtypeStruct((2,), jnp.uint32)       # a jax.random.PRNGKey
+        return partitioning.trace_init(lambda r: self.model.init(r, _zeros(shapes)), rng,
+                                       mesh=self.mesh, rules=self.rules)
+
     def abstract_init(self, example_batch: Dict[str, Any]) -> TrainState:
         """The state `init_state` creates, as ShapeDtypeStructs carrying their shardings;
         sets `state_shardings`. Nothing is allocated or run, so `example_batch` (arrays or
-        ShapeDtypeStructs) and the mesh may be those of a topology this host lacks."""
+        ShapeDtypeStructs) and the mesh may be those of a topology this host lacks. The
+        model's init is traced here once; `init_state` compiles that trace."""
         shapes = _shapes(example_batch)
-        rng = jax.ShapeDtypeStruct((2,), jnp.uint32)       # a jax.random.PRNGKey
-        params, param_shardings, axes = partitioning.abstract_sharded(
-            lambda r: self.model.init(r, _zeros(shapes)), rng, mesh=self.mesh, rules=self.rules,
-            with_axes=True)
-        self.tx = param_views.bind_param_axes(self.tx, axes)   # T5's Adafactor: its views
+        traced = self._trace_init(shapes)
+        self._traced_init = (shapes, traced)
+        params, param_shardings = traced.abstract, traced.shardings
+        self.tx = param_views.bind_param_axes(self.tx, traced.axes)   # T5's Adafactor: its views
         opt_shardings = partitioning.opt_state_shardings(self.tx, params, param_shardings)
         opt_state = partitioning.with_shardings(jax.eval_shape(self.tx.init, params),
                                                 opt_shardings)

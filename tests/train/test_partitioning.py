@@ -160,6 +160,26 @@ def test_init_sharded_places_params():
     assert '[{"data", "fsdp"}, {}, {"tensor"}]>' in hlo
 
 
+def test_init_is_traced_once_and_is_the_jitted_init_bit_for_bit():
+    """One trace gives the shapes, the shardings and the arrays: the same bits, in the same
+    shardings, as jitting the init itself."""
+    mesh = pt.make_mesh(pt.MeshConfig(data=2, fsdp=2, tensor=2))
+    model, tokens, traces = ToyMlp(), jnp.zeros((8, 4), jnp.int32), []
+
+    def init(rng, tokens):
+        traces.append(1)
+        return model.init(rng, tokens)
+
+    params, shardings = pt.init_sharded(init, jax.random.key(0), tokens, mesh=mesh)
+    assert len(traces) == 1
+    with pt.sharding_context(mesh):
+        want = jax.jit(lambda r, t: nn.meta.unbox(model.init(r, t)),
+                       out_shardings=shardings)(jax.random.key(0), tokens)
+    for got, ref in zip(jax.tree.leaves(params), jax.tree.leaves(want), strict=True):
+        assert got.sharding == ref.sharding
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
 def test_unknown_activation_name_raises():
     mesh = pt.make_mesh(pt.MeshConfig(data=2, fsdp=2, tensor=2))
     model = ToyMlp(act_names=("batch", "seq", "embed"))
