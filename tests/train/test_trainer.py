@@ -3,7 +3,6 @@ import json
 import os
 import signal
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,24 +46,20 @@ def test_loss_falls_and_outputs_written(tmp_path):
 
 def test_the_state_is_built_from_one_trace_of_the_models_init(monkeypatch):
     """`abstract_init` (the shardings) and `init_state` (the arrays) share one trace of the
-    model's init: the arrays are those of jitting the init directly."""
+    model's init (tests/train/test_partitioning.py: the same bits as jitting the init)."""
     model = make_model("t5", CFG)
     traces, init = [], type(model).init
     monkeypatch.setattr(type(model), "init",
                         lambda self, *a, **k: traces.append(1) or init(self, *a, **k))
-    mesh = partitioning.make_mesh(partitioning.MeshConfig(2, 2, 2))
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1))   # as run(): cached
     trainer = Trainer(model, optax.adam(1e-2), mesh, TrainConfig(model_dir="unused"))
     batch = next(iter(RandomCopyData()))
-    state = trainer.init_state(batch, abstract=trainer.abstract_init(batch))
+    abstract = trainer.abstract_init(batch)
+    state = trainer.init_state(batch, abstract=abstract)
     assert len(traces) == 1
-    zeros = {k: jnp.zeros(v.shape, v.dtype) for k, v in batch.items()}
-    with partitioning.sharding_context(mesh, trainer.rules):
-        want = jax.jit(lambda r: nn.meta.unbox(init(model, r, zeros)),
-                       out_shardings=trainer.state_shardings.params)
-        want = want(jax.random.PRNGKey(trainer.config.seed))
-    for got, ref in zip(jax.tree.leaves(state.params), jax.tree.leaves(want), strict=True):
-        assert got.sharding == ref.sharding
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(abstract.params),
+                         strict=True):
+        assert (got.shape, got.dtype, got.sharding) == (want.shape, want.dtype, want.sharding)
 
 
 def test_any_mesh_gives_the_same_losses(tmp_path):
