@@ -380,8 +380,8 @@ class TracedInit:
     carrying their shardings (``abstract``), the shardings, the logical names of the boxed
     leaves (``axes``, as :func:`logical_axes`), and :meth:`run`, which compiles that same
     trace to create the arrays directly in those shardings. Tracing a model's init (flax
-    walks every module) costs as much as lowering it; one trace serves both the shapes and
-    the arrays."""
+    walks every module) is most of the time to lower it (the tiny T5: 0.29 of 0.39 s); one
+    trace serves both the shapes and the arrays."""
     jaxpr: Any
     out_tree: Any
     abstract: Any

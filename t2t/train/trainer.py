@@ -102,9 +102,10 @@ class Trainer:
         traced = self._traced_init
         if traced is None or traced[0] != shapes:     # abstract_init saw another batch
             traced = (shapes, self._trace_init(shapes))
+        params = traced[1].run(jax.random.PRNGKey(self.config.seed))   # in its own context
+        self._traced_init = None                        # its jaxpr is not needed again
         s = self.state_shardings
         with partitioning.sharding_context(self.mesh, self.rules):
-            params = traced[1].run(jax.random.PRNGKey(self.config.seed))
             opt_state = jax.jit(self.tx.init, out_shardings=s.opt_state)(params)
             step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=self.replicated)()
         return TrainState(step, params, opt_state)
