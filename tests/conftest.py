@@ -1,6 +1,14 @@
 """Test setup: 8 fake CPU devices and a persistent compilation cache (`tests/jax_setup.py`).
 
 Both must be set before JAX initialises its backends, so this runs at import.
+
+A mesh that a test does not give devices to (`partitioning.make_mesh(devices=None)`: the
+trainer, fine-tuning, the CLI run in-process) spans one of the 8 devices, unless the test is
+marked `all_devices` (the trainer, sharding, partitioning, checkpoint and two-process tests,
+and those that ask for an 8-way mesh shape), which get all 8. On 2 cores a tiny model's 8-way
+SPMD step costs a quarter to a third more to compile than its one-device step, and checks
+nothing more about a fine-tuning head or a data pipeline. (`t2t` subprocesses get one device
+too: `cpu_env`.)
 """
 import os
 import shutil
@@ -40,6 +48,31 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     while _state_roots:
         shutil.rmtree(_state_roots.pop(), ignore_errors=True)
+
+
+def _mesh_devices(item):
+    """What `make_mesh(devices=None)` spans while `item` runs (its fixtures' setup included)."""
+    from t2t.train import partitioning
+    marked = item.get_closest_marker("all_devices") is not None
+    return partitioning.target_devices(jax.devices() if marked else jax.devices()[:1])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _mesh_devices(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _mesh_devices(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    with _mesh_devices(item):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

@@ -140,6 +140,7 @@ def _expected_trainable(method, model, tree):
     return head + n_layers * 2 * (2 * m * d + d + m) + norms
 
 
+@pytest.mark.all_devices
 @pytest.mark.parametrize("method", ["lora", "prompt", "prefix", "adapter"])
 def test_only_the_method_parameters_train(method):
     """A frozen-base classifier trained by `Trainer` with `peft.freeze` (as `t2t finetune`

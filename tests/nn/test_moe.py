@@ -208,6 +208,7 @@ def test_loss_adds_router_losses_of_every_layer(scan):
     assert metrics["loss"] == loss and metrics["moe_load_balancing_loss"] >= 1.0
 
 
+@pytest.mark.all_devices
 @pytest.mark.parametrize("shape", [pytest.param(dict(expert=8), marks=pytest.mark.slow),
                                    dict(expert=4, data=2)])
 def test_experts_over_8_devices_match_one_device(shape):
@@ -240,6 +241,7 @@ def test_experts_over_8_devices_match_one_device(shape):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.max(np.abs(b)))
 
 
+@pytest.mark.all_devices
 def test_switch_t5_trains_on_an_expert_mesh(tmp_path):
     """The Trainer on a data=2 x expert=4 mesh: the loss falls and the router metrics
     reach metrics.jsonl."""

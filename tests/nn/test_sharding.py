@@ -12,6 +12,8 @@ from t2t.train import partitioning
 from tests.nn.helpers import BERT_TINY, GPT_TINY, T5_TINY, max_diff, tokens
 from tests.tiers import sweep
 
+pytestmark = pytest.mark.all_devices   # meshes over the 8 fake devices (conftest)
+
 WIDE = dict(num_heads=8, head_dim=4, d_ff=64, vocab_size=64)  # divisible by 8 devices
 BATCH = 8
 

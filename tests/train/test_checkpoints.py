@@ -9,6 +9,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 from t2t.train import checkpoints as ck
 from t2t.train import partitioning as pt
 
+pytestmark = pytest.mark.all_devices   # meshes over the 8 fake devices (conftest)
+
 SPECS_8 = {"token_embedder": {"embedding": P("data", None)},
            "dense": {"kernel": P("data", None), "bias": P()}}
 SPECS_222 = {"token_embedder": {"embedding": P("tensor", "fsdp")},

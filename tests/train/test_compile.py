@@ -60,6 +60,7 @@ def _compile(family, hardware, *extra, step="train"):
 # ----------------------------------------------------------------------------- no compile
 
 
+@pytest.mark.all_devices
 def test_xla_flops_count_every_microbatch_and_scanned_layer(tmp_path):
     """XLA's cost analysis counts a loop body once: the count lowers scanned layers unrolled
     and microbatches as one batch, so a scanned, microbatched step counts as the plain one."""

@@ -14,6 +14,8 @@ from t2t.run import experiment, gin_utils
 from t2t.train import trainer
 from tests.jax_setup import cpu_env
 
+pytestmark = pytest.mark.all_devices   # meshes over the 8 fake devices (conftest)
+
 ARGS = ["--gin_file=experiments/t5_tiny_bible.gin", "--gin_file=models/t5/1_1/test.gin",
         "--gin.TRAIN_STEPS=4", "--gin.BATCH_SIZE=8",
         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",

@@ -12,6 +12,8 @@ from t2t.train.trainer import TrainConfig, Trainer
 from tests.nn.helpers import T5_TINY
 from tests.train.fakes import RandomCopyData
 
+pytestmark = pytest.mark.all_devices   # meshes over the 8 fake devices (conftest)
+
 K = jax.tree_util.DictKey
 RNG = np.random.default_rng(0)
 

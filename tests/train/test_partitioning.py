@@ -11,6 +11,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from t2t.train import param_views
 from t2t.train import partitioning as pt
 
+pytestmark = pytest.mark.all_devices   # meshes over the 8 fake devices (conftest)
+
 
 class ToyMlp(nn.Module):
     """Params use logical names like t2t.nn; the hidden activation is constrained."""

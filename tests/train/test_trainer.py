@@ -16,6 +16,8 @@ from t2t.train.trainer import NonFiniteLossError, TrainConfig, Trainer, _grad_no
 from tests.nn.helpers import T5_TINY
 from tests.train.fakes import RandomCopyData
 
+pytestmark = pytest.mark.all_devices   # meshes over the 8 fake devices (conftest)
+
 CFG = T5_TINY.replace(vocab_size=64, num_heads=4, head_dim=8, d_ff=64)
 
 
