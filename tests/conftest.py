@@ -50,28 +50,13 @@ def pytest_unconfigure(config):
         shutil.rmtree(_state_roots.pop(), ignore_errors=True)
 
 
-def _mesh_devices(item):
-    """What `make_mesh(devices=None)` spans while `item` runs (its fixtures' setup included)."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """While `item` runs (setup, its fixtures' included, call and teardown), a mesh built
+    without devices spans all 8 if it is marked `all_devices`, else one."""
     from t2t.train import partitioning
     marked = item.get_closest_marker("all_devices") is not None
-    return partitioning.target_devices(jax.devices() if marked else jax.devices()[:1])
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    with _mesh_devices(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    with _mesh_devices(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item):
-    with _mesh_devices(item):
+    with partitioning.target_devices(jax.devices() if marked else jax.devices()[:1]):
         return (yield)
 
 
